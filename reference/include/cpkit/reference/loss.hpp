@@ -1,0 +1,41 @@
+// shifted_cp_loss (SPEC 5) and the single-device truth it must reproduce.
+#pragma once
+
+#include "cpkit/reference/types.hpp"
+
+namespace cpkit::reference {
+
+struct LossOptions {
+  // > 0: logits are raw and the loss applies c * tanh(z / c) (and its chain rule) first.
+  // 0: logits already soft-capped by the model (the SPEC default).
+  double softcap = 0.0;
+};
+
+struct RankLoss {
+  double value = 0.0;            // local_sum * CP / N, 0 when N == 0
+  FloatMatrix grad_logits;       // d value / d logits, [B * L, V]
+  std::int64_t local_targets = 0;   // counted targets on this rank
+  std::int64_t global_targets = 0;  // N, summed over all ranks
+};
+
+// logits[r]: rank r's [B * L, V] (row-major [B, L, V]); labels[r]: [B, L] unshifted;
+// valid[r]: [B * L], whether each label counts as a target. A rank's last position takes
+// its target (label and valid bit) from rank r + 1's first column; the last rank's last
+// position has none. The mean over ranks of value equals the single-device mean.
+std::vector<RankLoss> shifted_cp_loss(const std::vector<FloatMatrix>& logits,
+                                      const std::vector<IntMatrix>& labels,
+                                      const std::vector<BoolVector>& valid,
+                                      const LossOptions& options = {});
+
+struct MeanLoss {
+  double value = 0.0;        // mean CE over targets, 0 when there are none
+  FloatMatrix grad_logits;   // d value / d logits, [B * S, V]
+  std::int64_t targets = 0;
+};
+
+// HF causal-LM loss on the whole unsharded batch: logits [B * S, V], labels [B, S];
+// position t of a row predicts labels[t + 1]; -100 is ignored; mean over targets.
+MeanLoss single_device_shifted_loss(const FloatMatrix& logits, const IntMatrix& labels,
+                                    const LossOptions& options = {});
+
+}  // namespace cpkit::reference
