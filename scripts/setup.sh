@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  cmake ninja-build g++ pkg-config
+  cmake ninja-build g++ pkg-config clang-format
   libeigen3-dev       # reference/: the Eigen oracle
   librapidcheck-dev   # harness/: property tests
   libgtest-dev        # tests/ and harness/

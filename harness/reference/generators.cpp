@@ -104,8 +104,7 @@ ShardOptions options_of(const BshdCase& c) {
 }
 
 ShardOptions options_of(const PackedCase& c) {
-  return {c.cp, static_cast<int>(c.rows.size()), c.pad_multiple, c.pad_token_id,
-          c.shard_primary};
+  return {c.cp, static_cast<int>(c.rows.size()), c.pad_multiple, c.pad_token_id, c.shard_primary};
 }
 
 BshdBatch make_batch(const BshdCase& c) {
@@ -172,8 +171,8 @@ void showValue(const BshdCase& c, std::ostream& os) {
      << " pad_multiple=" << c.pad_multiple << " H=" << c.hidden << " V=" << c.vocab
      << " embeds=" << c.use_embeds << " mask=" << c.use_mask << " positions=" << c.use_positions
      << " shard_primary=" << c.shard_primary << " pad_id=" << c.pad_token_id
-     << " ignore%=" << c.ignore_percent << " logit_scale=" << c.logit_scale
-     << " seed=" << c.seed << "}";
+     << " ignore%=" << c.ignore_percent << " logit_scale=" << c.logit_scale << " seed=" << c.seed
+     << "}";
 }
 
 void showValue(const PackedCase& c, std::ostream& os) {
@@ -193,8 +192,8 @@ std::string mismatch(const FloatMatrix& actual, const FloatMatrix& expected, dou
                      double rtol) {
   std::ostringstream os;
   if (actual.rows() != expected.rows() || actual.cols() != expected.cols()) {
-    os << "shape [" << actual.rows() << ", " << actual.cols() << "] vs [" << expected.rows()
-       << ", " << expected.cols() << "]";
+    os << "shape [" << actual.rows() << ", " << actual.cols() << "] vs [" << expected.rows() << ", "
+       << expected.cols() << "]";
     return os.str();
   }
   for (Eigen::Index i = 0; i < actual.rows(); ++i)

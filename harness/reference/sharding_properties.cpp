@@ -40,16 +40,13 @@ void check_round_trip(const Sharder& s) {
   for (int m = 0; m < s.num_microbatches(); ++m) {
     check_layout(s, m);
     const GlobalStreams& g = s.global(m);
-    RC_ASSERT(same(regather<std::int64_t>(s, m, [](const LocalShard& l) { return l.labels; }),
-                   g.labels));
-    RC_ASSERT(same(
-        regather<std::int64_t>(s, m, [](const LocalShard& l) { return l.position_ids; }),
-        g.position_ids));
-    RC_ASSERT(same(
-        regather<std::int64_t>(s, m, [](const LocalShard& l) { return l.document_ids; }),
-        g.document_ids));
-    RC_ASSERT(same(regather<bool>(s, m, [](const LocalShard& l) { return l.padding; }),
-                   g.padding));
+    RC_ASSERT(
+        same(regather<std::int64_t>(s, m, [](const LocalShard& l) { return l.labels; }), g.labels));
+    RC_ASSERT(same(regather<std::int64_t>(s, m, [](const LocalShard& l) { return l.position_ids; }),
+                   g.position_ids));
+    RC_ASSERT(same(regather<std::int64_t>(s, m, [](const LocalShard& l) { return l.document_ids; }),
+                   g.document_ids));
+    RC_ASSERT(same(regather<bool>(s, m, [](const LocalShard& l) { return l.padding; }), g.padding));
     RC_ASSERT(same(regather<bool>(s, m,
                                   [](const LocalShard& l) {
                                     return BoolMatrix(l.valid.reshaped<Eigen::RowMajor>(
@@ -57,9 +54,8 @@ void check_round_trip(const Sharder& s) {
                                   }),
                    g.valid));
     if (s.options().shard_primary && g.input_ids)
-      RC_ASSERT(same(
-          regather<std::int64_t>(s, m, [](const LocalShard& l) { return *l.input_ids; }),
-          *g.input_ids));
+      RC_ASSERT(same(regather<std::int64_t>(s, m, [](const LocalShard& l) { return *l.input_ids; }),
+                     *g.input_ids));
     if (s.options().shard_primary && g.inputs_embeds)
       for (std::size_t b = 0; b < g.inputs_embeds->size(); ++b) {
         std::vector<FloatMatrix> parts;
@@ -86,8 +82,8 @@ void check_input_preserved(const Sharder& s, const IntMatrix& labels,
           if (ids) RC_ASSERT((*g.input_ids)(b, t) == (*ids)(row, t));
           RC_ASSERT(g.labels(b, t) == (g.padding(b, t) ? kIgnoreLabel : labels(row, t)));
         }
-        RC_ASSERT(g.valid(b, t) == (!g.padding(b, t) && g.labels(b, t) != kIgnoreLabel &&
-                                    t > 0 && (g.cu_seqlens.size() == 0 || g.position_ids(b, t) > 0)));
+        RC_ASSERT(g.valid(b, t) == (!g.padding(b, t) && g.labels(b, t) != kIgnoreLabel && t > 0 &&
+                                    (g.cu_seqlens.size() == 0 || g.position_ids(b, t) > 0)));
       }
   }
 }
@@ -211,8 +207,7 @@ void check_in_forward_cut(Case c, Prepare prepare) {
       }
       if (g.inputs_embeds) {
         const FloatRows cut = lazy.cut_spliced(m, r, *g.inputs_embeds);
-        for (std::size_t b = 0; b < cut.size(); ++b)
-          RC_ASSERT(same(cut[b], (*e.inputs_embeds)[b]));
+        for (std::size_t b = 0; b < cut.size(); ++b) RC_ASSERT(same(cut[b], (*e.inputs_embeds)[b]));
         // Backward: rank r's gradient comes back exactly on its own global rows.
         FloatRows grad_local;
         for (std::size_t b = 0; b < cut.size(); ++b)
@@ -221,8 +216,8 @@ void check_in_forward_cut(Case c, Prepare prepare) {
         const Layout lay = lazy.layout(m, r);
         for (std::size_t b = 0; b < back.size(); ++b)
           for (Eigen::Index t = 0; t < back[b].rows(); ++t)
-            RC_ASSERT((back[b].row(t).array() ==
-                       (t >= lay.begin && t < lay.end ? r + 1.0f : 0.0f)).all());
+            RC_ASSERT((back[b].row(t).array() == (t >= lay.begin && t < lay.end ? r + 1.0f : 0.0f))
+                          .all());
       }
     }
   }

@@ -23,8 +23,7 @@ void check_qkv(const FloatMatrix& q, const FloatMatrix& k, const FloatMatrix& v,
                const TokenMeta& q_meta, const TokenMeta& k_meta) {
   if (q.cols() != k.cols())
     fail("k", "head size ", k.cols(), " differs from the queries' ", q.cols());
-  if (v.rows() != k.rows())
-    fail("v", "holds ", v.rows(), " tokens but k holds ", k.rows());
+  if (v.rows() != k.rows()) fail("v", "holds ", v.rows(), " tokens but k holds ", k.rows());
   check_meta("q_meta", q_meta, q.rows());
   check_meta("k_meta", k_meta, k.rows());
 }
@@ -119,7 +118,8 @@ AttentionGrads masked_attention_backward(const FloatMatrix& q, const FloatMatrix
 std::vector<FloatMatrix> cp_attention(const std::vector<RankAttention>& ranks) {
   const GatheredKeys keys = gather_keys(ranks);
   std::vector<FloatMatrix> out;
-  for (const auto& r : ranks) out.push_back(masked_attention(r.q, keys.k, keys.v, r.meta, keys.meta));
+  for (const auto& r : ranks)
+    out.push_back(masked_attention(r.q, keys.k, keys.v, r.meta, keys.meta));
   return out;
 }
 

@@ -1,7 +1,7 @@
 // prepare_cp_inputs: BSHD streams computed on the global padded sequence (SPEC 2).
 #include "checks.hpp"
-#include "pad.hpp"
 #include "cpkit/reference/sharder.hpp"
+#include "pad.hpp"
 
 namespace cpkit::reference {
 

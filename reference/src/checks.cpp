@@ -5,8 +5,7 @@ namespace cpkit::reference::detail {
 void check_options(const ShardOptions& options) {
   if (options.cp_size < 1) fail("cp_size", "must be >= 1, got ", options.cp_size);
   if (options.num_chunks < 1) fail("num_chunks", "must be >= 1, got ", options.num_chunks);
-  if (options.pad_multiple < 1)
-    fail("pad_multiple", "must be >= 1, got ", options.pad_multiple);
+  if (options.pad_multiple < 1) fail("pad_multiple", "must be >= 1, got ", options.pad_multiple);
 }
 
 void check_images(const std::vector<Image>& images) {

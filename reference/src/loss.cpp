@@ -116,8 +116,8 @@ std::vector<RankLoss> shifted_cp_loss(const std::vector<FloatMatrix>& logits,
   for (std::size_t r = 0; r < cp; ++r) {
     out[r].global_targets = global_targets;
     for (const auto& t : targets[r]) out[r].local_targets += t ? 1 : 0;
-    out[r].value = loss_sum(logits[r], targets[r], options.softcap, scale, out[r].grad_logits) *
-                   scale;
+    out[r].value =
+        loss_sum(logits[r], targets[r], options.softcap, scale, out[r].grad_logits) * scale;
   }
   return out;
 }
@@ -127,8 +127,7 @@ MeanLoss single_device_shifted_loss(const FloatMatrix& logits, const IntMatrix& 
   const auto B = labels.rows();
   const auto S = labels.cols();
   check_vocab(logits.cols());
-  if (logits.rows() != B * S)
-    fail("logits", "has ", logits.rows(), " rows but B * S = ", B * S);
+  if (logits.rows() != B * S) fail("logits", "has ", logits.rows(), " rows but B * S = ", B * S);
   check_label_range(labels, logits.cols(), "");
   std::vector<Target> targets;
   MeanLoss out;

@@ -6,8 +6,7 @@
 namespace cpkit::reference::detail {
 
 // ids [rows, S] -> [rows, padded_len], new columns hold pad_token_id.
-inline IntMatrix pad_ids(const IntMatrix& ids, Eigen::Index padded_len,
-                         std::int64_t pad_token_id) {
+inline IntMatrix pad_ids(const IntMatrix& ids, Eigen::Index padded_len, std::int64_t pad_token_id) {
   IntMatrix padded = IntMatrix::Constant(ids.rows(), padded_len, pad_token_id);
   padded.leftCols(ids.cols()) = ids;
   return padded;

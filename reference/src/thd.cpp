@@ -1,7 +1,7 @@
 // prepare_packed_cp_inputs: packed documents, one row per microbatch (SPEC 3).
 #include "checks.hpp"
-#include "pad.hpp"
 #include "cpkit/reference/sharder.hpp"
+#include "pad.hpp"
 
 namespace cpkit::reference {
 
@@ -13,8 +13,7 @@ struct Document {
 };
 
 // Reads one row of seq_lens / seq_lens_padded, enforcing the sentinel and length rules.
-std::vector<Document> parse_documents(const PackedBatch& batch, Eigen::Index row,
-                                      std::int64_t T) {
+std::vector<Document> parse_documents(const PackedBatch& batch, Eigen::Index row, std::int64_t T) {
   std::vector<Document> docs;
   bool ended = false;
   std::int64_t total = 0;
@@ -22,8 +21,8 @@ std::vector<Document> parse_documents(const PackedBatch& batch, Eigen::Index row
     const auto len = batch.seq_lens(row, d);
     const auto slot = batch.seq_lens_padded(row, d);
     if ((len == kSeqLenSentinel) != (slot == kSeqLenSentinel))
-      fail("seq_lens_padded", "row ", row, " entry ", d, " is ", slot, " but seq_lens has ",
-           len, ": -1000 sentinels must stand at the same places in both");
+      fail("seq_lens_padded", "row ", row, " entry ", d, " is ", slot, " but seq_lens has ", len,
+           ": -1000 sentinels must stand at the same places in both");
     if (len == kSeqLenSentinel) {
       ended = true;
       continue;
@@ -60,8 +59,8 @@ void check_packed(const PackedBatch& batch, const ShardOptions& options) {
   if (batch.input_ids) detail::check_shape("input_ids", *batch.input_ids, rows, T);
   if (batch.inputs_embeds) detail::check_embeds(*batch.inputs_embeds, rows, T);
   if (batch.seq_lens.rows() != rows || batch.seq_lens.cols() < 1)
-    fail("seq_lens", "has shape [", batch.seq_lens.rows(), ", ", batch.seq_lens.cols(),
-         "] but [", rows, ", D >= 1] is required");
+    fail("seq_lens", "has shape [", batch.seq_lens.rows(), ", ", batch.seq_lens.cols(), "] but [",
+         rows, ", D >= 1] is required");
   detail::check_shape("seq_lens_padded", batch.seq_lens_padded, rows, batch.seq_lens.cols());
   detail::check_label_values(batch.labels);
   detail::check_images(batch.images);
@@ -114,8 +113,7 @@ GlobalStreams packed_microbatch(const PackedBatch& batch, const ShardOptions& op
   }
   if (batch.inputs_embeds) {
     const FloatMatrix& embeds = (*batch.inputs_embeds)[static_cast<std::size_t>(row)];
-    g.inputs_embeds =
-        FloatRows{options.shard_primary ? detail::pad_embeds(embeds, T_pad) : embeds};
+    g.inputs_embeds = FloatRows{options.shard_primary ? detail::pad_embeds(embeds, T_pad) : embeds};
   }
   return g;
 }

@@ -84,10 +84,9 @@ TEST(BadInputReference, NumChunksNotDividingBatch) {
 TEST(BadInputReference, NonPositiveOptions) {
   expect_rejected([&] { prepare_cp_inputs(good_bshd(), {.num_chunks = 0}); }, "num_chunks",
                   {"got 0"});
-  expect_rejected([&] { prepare_cp_inputs(good_bshd(), {.pad_multiple = -2}); },
-                  "pad_multiple", {"got -2"});
-  expect_rejected([&] { prepare_cp_inputs(good_bshd(), {.cp_size = 0}); }, "cp_size",
-                  {"got 0"});
+  expect_rejected([&] { prepare_cp_inputs(good_bshd(), {.pad_multiple = -2}); }, "pad_multiple",
+                  {"got -2"});
+  expect_rejected([&] { prepare_cp_inputs(good_bshd(), {.cp_size = 0}); }, "cp_size", {"got 0"});
 }
 
 TEST(BadInputReference, AttentionMaskNotBinary) {
@@ -141,22 +140,22 @@ TEST(BadInputReference, MisplacedSentinel) {
 }
 
 TEST(BadInputReference, PackedRowsDisagreeWithNumChunks) {
-  expect_rejected([&] { prepare_packed_cp_inputs(good_packed(), {.num_chunks = 2}); },
-                  "num_chunks", {"1 rows", "num_chunks = 2"});
+  expect_rejected([&] { prepare_packed_cp_inputs(good_packed(), {.num_chunks = 2}); }, "num_chunks",
+                  {"1 rows", "num_chunks = 2"});
 }
 
 TEST(BadInputReference, LossLabelOutsideVocabulary) {
   const IntMatrix labels = ints({0, 9, 1});
   const BoolVector valid = BoolVector::Constant(3, true);
-  expect_rejected([&] { shifted_cp_loss({FloatMatrix::Zero(3, 4)}, {labels}, {valid}); },
-                  "labels", {"value 9", "[0, 4)"});
+  expect_rejected([&] { shifted_cp_loss({FloatMatrix::Zero(3, 4)}, {labels}, {valid}); }, "labels",
+                  {"value 9", "[0, 4)"});
 }
 
 TEST(BadInputReference, LossValidOfWrongLength) {
   const IntMatrix labels = ints({0, 1, 1});
   expect_rejected(
-      [&] { shifted_cp_loss({FloatMatrix::Zero(3, 4)}, {labels}, {BoolVector::Ones(2)}); },
-      "valid", {"2 entries", "B * L = 3"});
+      [&] { shifted_cp_loss({FloatMatrix::Zero(3, 4)}, {labels}, {BoolVector::Ones(2)}); }, "valid",
+      {"2 entries", "B * L = 3"});
 }
 
 TEST(BadInputReference, LossVocabularyOfOne) {
@@ -178,12 +177,16 @@ TEST(BadInputReference, LossRanksWithDifferentShapes) {
 }
 
 TEST(BadInputReference, GatherCountsDiffer) {
-  expect_rejected([&] { gather_tokens(std::vector<FloatMatrix>{FloatMatrix::Zero(3, 2),
-                                                               FloatMatrix::Zero(4, 2)}); },
-                  "value", {"rank 0 holds 3", "rank 1 holds 4"});
-  expect_rejected([&] { gather_tokens(std::vector<FloatMatrix>{FloatMatrix::Zero(3, 2),
-                                                               FloatMatrix::Zero(3, 5)}); },
-                  "value", {"trailing size 2", "has 5"});
+  expect_rejected(
+      [&] {
+        gather_tokens(std::vector<FloatMatrix>{FloatMatrix::Zero(3, 2), FloatMatrix::Zero(4, 2)});
+      },
+      "value", {"rank 0 holds 3", "rank 1 holds 4"});
+  expect_rejected(
+      [&] {
+        gather_tokens(std::vector<FloatMatrix>{FloatMatrix::Zero(3, 2), FloatMatrix::Zero(3, 5)});
+      },
+      "value", {"trailing size 2", "has 5"});
 }
 
 TEST(BadInputReference, SharderRankOutOfRange) {

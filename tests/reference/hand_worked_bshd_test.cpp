@@ -66,9 +66,9 @@ TEST(HandWorkedBshd, LossMatchesHandArithmetic) {
   EXPECT_NEAR((losses[0].value + losses[1].value) / 2, 7.0 / 3.0 * ln2, 1e-6);
 
   // Gradient rows: (softmax - onehot) * CP / N.
-  const float g0[] = {1.0f / 6, 1.0f / 6, -0.5f, 1.0f / 6};        // rank 0, j = 0, target 2
-  const float g2[] = {1.0f / 6, 1.0f / 6, 1.0f / 6, -0.5f};        // rank 0, j = 2, target 3
-  const float g1[] = {-7.0f / 12, 1.0f / 6, 0.25f, 1.0f / 6};      // rank 1, j = 0, target 0
+  const float g0[] = {1.0f / 6, 1.0f / 6, -0.5f, 1.0f / 6};    // rank 0, j = 0, target 2
+  const float g2[] = {1.0f / 6, 1.0f / 6, 1.0f / 6, -0.5f};    // rank 0, j = 2, target 3
+  const float g1[] = {-7.0f / 12, 1.0f / 6, 0.25f, 1.0f / 6};  // rank 1, j = 0, target 0
   for (int v = 0; v < 4; ++v) {
     EXPECT_NEAR(losses[0].grad_logits(0, v), g0[v], 1e-6);
     EXPECT_EQ(losses[0].grad_logits(1, v), 0.0f);  // its target is -100
@@ -81,8 +81,7 @@ TEST(HandWorkedBshd, LossMatchesHandArithmetic) {
   // The single-device truth on the unsharded batch gives the same mean.
   FloatMatrix full = FloatMatrix::Zero(5, 4);
   full.row(3) = logits1.row(0);
-  EXPECT_NEAR(single_device_shifted_loss(full, hand_batch().labels).value, 7.0 / 3.0 * ln2,
-              1e-6);
+  EXPECT_NEAR(single_device_shifted_loss(full, hand_batch().labels).value, 7.0 / 3.0 * ln2, 1e-6);
 }
 
 }  // namespace

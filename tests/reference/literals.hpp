@@ -29,12 +29,12 @@ inline IntMatrix ints(const IntVector& v) { return v.transpose(); }
 // Shape-safe equality (Eigen's operator== needs equal shapes) with a readable failure.
 template <class A, class B>
 ::testing::AssertionResult same(const A& actual, const B& expected) {
-  if (actual.rows() == expected.rows() && actual.cols() == expected.cols() &&
-      actual == expected)
+  if (actual.rows() == expected.rows() && actual.cols() == expected.cols() && actual == expected)
     return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\nactual   [" << actual.rows() << "x" << actual.cols()
-                                       << "]:\n" << actual << "\nexpected [" << expected.rows()
-                                       << "x" << expected.cols() << "]:\n" << expected;
+  return ::testing::AssertionFailure()
+         << "\nactual   [" << actual.rows() << "x" << actual.cols() << "]:\n"
+         << actual << "\nexpected [" << expected.rows() << "x" << expected.cols() << "]:\n"
+         << expected;
 }
 
 }  // namespace cpkit::reference::testing

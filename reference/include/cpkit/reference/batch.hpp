@@ -9,11 +9,11 @@ namespace cpkit::reference {
 
 // How a batch is cut. The reference simulates all `cp_size` ranks at once.
 struct ShardOptions {
-  int cp_size = 1;                  // CP ranks, >= 1
-  int num_chunks = 1;               // pipeline microbatches along the batch axis, >= 1
-  int pad_multiple = 1;             // S is padded to a multiple of cp_size * pad_multiple
-  std::int64_t pad_token_id = 0;    // id written into padded id positions
-  bool shard_primary = true;        // false: ids/embeddings stay global (image splicing)
+  int cp_size = 1;                // CP ranks, >= 1
+  int num_chunks = 1;             // pipeline microbatches along the batch axis, >= 1
+  int pad_multiple = 1;           // S is padded to a multiple of cp_size * pad_multiple
+  std::int64_t pad_token_id = 0;  // id written into padded id positions
+  bool shard_primary = true;      // false: ids/embeddings stay global (image splicing)
 };
 
 // BSHD: every row is one sequence of S tokens. Exactly one of input_ids / inputs_embeds.

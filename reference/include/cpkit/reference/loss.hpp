@@ -12,8 +12,8 @@ struct LossOptions {
 };
 
 struct RankLoss {
-  double value = 0.0;            // local_sum * CP / N, 0 when N == 0
-  FloatMatrix grad_logits;       // d value / d logits, [B * L, V]
+  double value = 0.0;               // local_sum * CP / N, 0 when N == 0
+  FloatMatrix grad_logits;          // d value / d logits, [B * L, V]
   std::int64_t local_targets = 0;   // counted targets on this rank
   std::int64_t global_targets = 0;  // N, summed over all ranks
 };
@@ -28,8 +28,8 @@ std::vector<RankLoss> shifted_cp_loss(const std::vector<FloatMatrix>& logits,
                                       const LossOptions& options = {});
 
 struct MeanLoss {
-  double value = 0.0;        // mean CE over targets, 0 when there are none
-  FloatMatrix grad_logits;   // d value / d logits, [B * S, V]
+  double value = 0.0;       // mean CE over targets, 0 when there are none
+  FloatMatrix grad_logits;  // d value / d logits, [B * S, V]
   std::int64_t targets = 0;
 };
 

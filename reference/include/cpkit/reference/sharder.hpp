@@ -51,8 +51,7 @@ struct LocalShard {
 
 class Sharder {
  public:
-  Sharder(ShardOptions options, std::vector<GlobalStreams> microbatches,
-          std::vector<Image> images);
+  Sharder(ShardOptions options, std::vector<GlobalStreams> microbatches, std::vector<Image> images);
 
   const ShardOptions& options() const { return options_; }
   int num_microbatches() const { return static_cast<int>(microbatches_.size()); }

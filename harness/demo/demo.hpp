@@ -1,0 +1,41 @@
+// cpkit-demo: a packed batch cut across CP ranks, printed rank by rank with its loss.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "cpkit/reference/reference.hpp"
+
+namespace cpkit::demo {
+
+struct DemoOptions {
+  int cp = 4;
+  std::vector<std::int64_t> doc_lens = {7, 0, 11, 3, 9};
+  int slot_multiple = 2;  // each document's slot is its length rounded up to this
+  int tail = 3;           // row-tail padding tokens after the last slot
+  int vocab = 32;
+  std::uint64_t seed = 1;
+  std::string impl = "reference";
+  bool help = false;
+};
+
+// Parses argv; throws std::invalid_argument naming the flag on bad input.
+DemoOptions parse_options(int argc, char** argv);
+void print_help(std::ostream& os);
+
+// The per-rank and combined results of one run.
+struct DemoResult {
+  std::vector<reference::LocalShard> shards;
+  std::vector<reference::RankLoss> losses;
+  double combined = 0;       // mean over ranks of the returned losses
+  double single_device = 0;  // HF shifted mean CE on the unsharded row
+};
+
+reference::PackedBatch make_demo_batch(const DemoOptions& options);
+DemoResult run_reference(const DemoOptions& options);
+void print_report(const DemoOptions& options, const reference::PackedBatch& batch,
+                  const DemoResult& result, std::ostream& os);
+
+}  // namespace cpkit::demo
