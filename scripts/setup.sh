@@ -9,6 +9,7 @@ packages=(
   librapidcheck-dev   # harness/: property tests
   libgtest-dev        # tests/ and harness/
   libbenchmark-dev    # bench/
+  libgloo-dev         # headers that c10d's ProcessGroupGloo.hpp includes (optimized/)
 )
 
 missing=()
@@ -29,3 +30,15 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 echo "setup: system packages present"
+
+# LibTorch for optimized/: the PyPI torch wheel, pinned, in a virtual environment outside the
+# repository so every clone on this machine reuses it. CMake finds it through
+# torch.utils.cmake_prefix_path (see CPKIT_TORCH_PYTHON in CMakeLists.txt).
+torch_version=2.11.0
+venv=${CPKIT_TORCH_VENV:-$HOME/.cache/cpkit/torch-$torch_version}
+if ! compgen -G "$venv/lib/python3*/site-packages/torch-$torch_version.dist-info" >/dev/null; then
+  echo "setup: installing torch==$torch_version into $venv (first time only, ~5 GB)"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$torch_version" numpy
+fi
+echo "setup: torch $torch_version present in $venv"

@@ -1,0 +1,41 @@
+// The collective engine behind a CP mesh, on raw buffers like NCCL: no LibTorch types, so
+// NCCL, Gloo and c10d adapters all fit behind it. Buffers live on the engine's device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace cpkit {
+
+enum class ScalarKind : std::uint8_t { kFloat32, kFloat16, kBFloat16, kInt64, kUInt8 };
+
+std::size_t element_size(ScalarKind kind);
+const char* scalar_name(ScalarKind kind);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;
+
+  // recv holds size() * count elements: rank 0's `count` first.
+  virtual void all_gather(const void* send, void* recv, std::size_t count, ScalarKind kind) = 0;
+  // send holds size() * count elements; recv (count) gets the sum over ranks of slice rank().
+  virtual void reduce_scatter_sum(const void* send, void* recv, std::size_t count,
+                                  ScalarKind kind) = 0;
+  virtual void all_reduce_sum(void* data, std::size_t count, ScalarKind kind) = 0;
+  // Neighbour exchange for the loss halo: rank r sends `send` to r - 1 and receives rank
+  // r + 1's into `recv`. The last rank's recv is left untouched; rank 0 sends nothing.
+  virtual void shift_from_next(const void* send, void* recv, std::size_t count,
+                               ScalarKind kind) = 0;
+};
+
+// A CP mesh is a shared communicator; nullptr (or size 1) means CP = 1: no communication.
+using MeshPtr = std::shared_ptr<Communicator>;
+
+inline int cp_size(const MeshPtr& mesh) { return mesh ? mesh->size() : 1; }
+inline int cp_rank(const MeshPtr& mesh) { return mesh ? mesh->rank() : 0; }
+
+}  // namespace cpkit

@@ -1,0 +1,99 @@
+// Mesh over a c10d Backend: raw buffers are wrapped as tensors without copying.
+#include <ATen/ATen.h>
+
+#include "cpkit/optimized/error.hpp"
+#include "cpkit/optimized/process_group.hpp"
+
+namespace cpkit {
+
+namespace {
+
+at::ScalarType to_scalar_type(ScalarKind kind) {
+  switch (kind) {
+    case ScalarKind::kFloat32:
+      return at::kFloat;
+    case ScalarKind::kFloat16:
+      return at::kHalf;
+    case ScalarKind::kBFloat16:
+      return at::kBFloat16;
+    case ScalarKind::kInt64:
+      return at::kLong;
+    case ScalarKind::kUInt8:
+      return at::kByte;
+  }
+  return at::kByte;
+}
+
+class ProcessGroupCommunicator final : public Communicator {
+ public:
+  ProcessGroupCommunicator(c10::intrusive_ptr<c10d::Backend> backend, at::Device device)
+      : backend_(std::move(backend)), device_(device) {}
+
+  int rank() const override { return backend_->getRank(); }
+  int size() const override { return backend_->getSize(); }
+  const char* backend() const override { return "c10d"; }
+
+  void all_gather(const void* send, void* recv, std::size_t count, ScalarKind kind) override {
+    at::Tensor out = wrap(recv, count * static_cast<std::size_t>(size()), kind);
+    at::Tensor in = wrap(send, count, kind);
+    backend_->_allgather_base(out, in)->wait();
+  }
+
+  void reduce_scatter_sum(const void* send, void* recv, std::size_t count,
+                          ScalarKind kind) override {
+    at::Tensor out = wrap(recv, count, kind);
+    at::Tensor in = wrap(send, count * static_cast<std::size_t>(size()), kind);
+    if (has_reduce_scatter_) {
+      try {
+        c10d::ReduceScatterOptions options;
+        options.reduceOp = c10d::ReduceOp::SUM;
+        backend_->_reduce_scatter_base(out, in, options)->wait();
+        return;
+      } catch (const c10::NotImplementedError&) {
+        has_reduce_scatter_ = false;
+      }
+    }
+    // Fallback for groups without reduce-scatter: all-to-all moves the same bytes, then each
+    // rank sums the slices it received.
+    at::Tensor slices = at::empty_like(in);
+    std::vector<int64_t> even;
+    backend_->alltoall_base(slices, in, even, even)->wait();
+    at::sum_out(out, slices.view({size(), static_cast<int64_t>(count)}), 0);
+  }
+
+  void all_reduce_sum(void* data, std::size_t count, ScalarKind kind) override {
+    std::vector<at::Tensor> tensors{wrap(data, count, kind)};
+    backend_->allreduce(tensors)->wait();
+  }
+
+  void shift_from_next(const void* send, void* recv, std::size_t count,
+                       ScalarKind kind) override {
+    constexpr int kTag = 7001;
+    std::vector<at::Tensor> incoming{wrap(recv, count, kind)};
+    std::vector<at::Tensor> outgoing{wrap(send, count, kind)};
+    c10::intrusive_ptr<c10d::Work> received, sent;
+    if (rank() + 1 < size()) received = backend_->recv(incoming, rank() + 1, kTag);
+    if (rank() > 0) sent = backend_->send(outgoing, rank() - 1, kTag);
+    if (received) received->wait();
+    if (sent) sent->wait();
+  }
+
+ private:
+  at::Tensor wrap(const void* data, std::size_t count, ScalarKind kind) const {
+    return at::from_blob(const_cast<void*>(data), {static_cast<int64_t>(count)},
+                         at::TensorOptions().dtype(to_scalar_type(kind)).device(device_));
+  }
+
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  at::Device device_;
+  bool has_reduce_scatter_ = true;
+};
+
+}  // namespace
+
+MeshPtr make_process_group_mesh(c10::intrusive_ptr<c10d::Backend> backend, at::Device device) {
+  if (!backend) raise("backend", "is null");
+  return std::make_shared<ProcessGroupCommunicator>(std::move(backend), device);
+}
+
+}  // namespace cpkit

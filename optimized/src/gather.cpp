@@ -1,0 +1,87 @@
+// gather_tokens: all-gather forward, one reduce-scatter SUM backward.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "cpkit/optimized/ops.hpp"
+#include "mesh_capsule.hpp"
+#include "tensor_checks.hpp"
+
+namespace cpkit {
+
+namespace {
+
+constexpr int64_t kMaxDims = 8;
+
+// Every rank publishes its shape; all compare the same table, so all raise the same error
+// instead of entering a collective with mismatched sizes and hanging.
+void check_shapes_agree(const at::Tensor& value, Communicator& comm) {
+  if (value.dim() > kMaxDims)
+    raise("value", "has ", value.dim(), " dimensions, at most ", kMaxDims, " are supported");
+  const int cp = comm.size();
+  std::vector<int64_t> mine(kMaxDims + 1, -1);
+  mine[0] = value.dim();
+  for (int64_t d = 0; d < value.dim(); ++d) mine[1 + d] = value.size(d);
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(value.device());
+  at::Tensor local = at::tensor(mine, at::kLong).to(value.device());
+  at::Tensor all = at::empty({cp, kMaxDims + 1}, opts);
+  comm.all_gather(local.data_ptr(), all.data_ptr(), kMaxDims + 1, ScalarKind::kInt64);
+  const at::Tensor table = all.cpu();
+  const int64_t* t = table.data_ptr<int64_t>();
+  for (int r = 0; r < cp; ++r) {
+    const int64_t* other = t + r * (kMaxDims + 1);
+    if (other[1] != mine[1])
+      raise("value", "rank ", comm.rank(), " holds ", mine[1], " tokens but rank ", r,
+            " holds ", other[1]);
+    for (int64_t d = 0; d <= kMaxDims; ++d)
+      if (other[d] != mine[d])
+        raise("value", "rank ", comm.rank(), " has shape ", detail::shape_of(value),
+              " but rank ", r, " has a different trailing shape or rank (dimension ", d - 1,
+              ": ", other[d], " vs ", mine[d], ")");
+  }
+}
+
+at::Tensor all_gather_rows(const at::Tensor& value, Communicator& comm) {
+  const at::Tensor in = value.contiguous();
+  std::vector<int64_t> sizes = in.sizes().vec();
+  sizes[0] *= comm.size();
+  at::Tensor out = at::empty(sizes, in.options());
+  comm.all_gather(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(in.numel()),
+                  detail::scalar_kind(in, "value"));
+  return out;
+}
+
+class GatherTokens : public torch::autograd::Function<GatherTokens> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& value,
+                            const MeshPtr& mesh) {
+    ctx->saved_data["mesh"] = detail::mesh_capsule(mesh);
+    return all_gather_rows(value, *mesh);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const MeshPtr mesh = detail::mesh_from_capsule(ctx->saved_data["mesh"]);
+    const at::Tensor grad = grads[0].contiguous();
+    std::vector<int64_t> sizes = grad.sizes().vec();
+    sizes[0] /= mesh->size();
+    at::Tensor out = at::empty(sizes, grad.options());
+    mesh->reduce_scatter_sum(grad.data_ptr(), out.data_ptr(),
+                             static_cast<std::size_t>(out.numel()),
+                             detail::scalar_kind(grad, "grad_output"));
+    return {out};
+  }
+};
+
+}  // namespace
+
+at::Tensor gather_tokens(const at::Tensor& value, const MeshPtr& mesh, bool differentiable) {
+  detail::require_defined(value, "value");
+  if (value.dim() < 1) raise("value", "needs a token axis, got a 0-d tensor");
+  detail::scalar_kind(value, "value");
+  if (cp_size(mesh) == 1) return differentiable ? value : value.detach();
+  check_shapes_agree(value, *mesh);
+  if (differentiable) return GatherTokens::apply(value, mesh);
+  return all_gather_rows(value.detach(), *mesh);
+}
+
+}  // namespace cpkit

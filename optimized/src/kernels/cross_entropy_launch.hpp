@@ -1,0 +1,24 @@
+// Raw-pointer entry points of the fused cross-entropy kernels (plain C++ header, safe for
+// nvcc): loss per row and d(scale * CE)/d logits in one kernel.
+#pragma once
+
+#include <cstdint>
+
+namespace cpkit::kernels {
+
+struct CrossEntropyArgs {
+  const float* logits;     // [rows, vocab], contiguous
+  const std::int64_t* targets;  // [rows], kNoTarget = no target
+  std::int64_t rows;
+  std::int64_t vocab;
+  float softcap;           // <= 0: off
+  float scale;             // CP / N
+  float* grad;             // [rows, vocab]
+  float* row_loss;         // [rows], unscaled CE, 0 where no target
+};
+
+void cross_entropy_cpu(const CrossEntropyArgs& args);
+// Enqueues on `stream` (a cudaStream_t); defined only when CUDA is built.
+void cross_entropy_cuda(const CrossEntropyArgs& args, void* stream);
+
+}  // namespace cpkit::kernels

@@ -1,0 +1,120 @@
+// shifted_cp_loss: targets with the boundary halo, a global target count, then one fused
+// kernel that writes the per-row loss and the scaled gradient; backward reuses that gradient.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "cpkit/optimized/ops.hpp"
+#include "kernels/cross_entropy.hpp"
+#include "kernels/cross_entropy_launch.hpp"
+#include "tensor_checks.hpp"
+
+namespace cpkit {
+
+namespace {
+
+void check_loss_inputs(const at::Tensor& logits, const at::Tensor& labels,
+                       const at::Tensor& valid) {
+  detail::require_defined(logits, "logits");
+  detail::require_defined(labels, "labels");
+  detail::require_defined(valid, "valid");
+  detail::require_dim(logits, 3, "logits");
+  detail::require_dtype(logits, at::kFloat, "logits");
+  if (!logits.is_contiguous())
+    raise("logits", "must be contiguous (shape ", detail::shape_of(logits), ", strides ",
+          logits.strides(), "); a silent copy of the logits is never made");
+  detail::require_dim(labels, 2, "labels");
+  detail::require_dtype(labels, at::kLong, "labels");
+  detail::require_dim(valid, 1, "valid");
+  detail::require_dtype(valid, at::kBool, "valid");
+  const int64_t B = logits.size(0), L = logits.size(1), V = logits.size(2);
+  if (B == 0 || L == 0) raise("logits", "empty batch: shape ", detail::shape_of(logits));
+  if (V < 2) raise("logits", "vocabulary size must be >= 2, got ", V);
+  if (labels.size(0) != B || labels.size(1) != L)
+    raise("labels", "has shape ", detail::shape_of(labels), " but logits need [", B, ", ", L,
+          "]");
+  if (valid.numel() != B * L)
+    raise("valid", "has ", valid.numel(), " entries but B * L = ", B * L);
+  if (labels.device() != logits.device() || valid.device() != logits.device())
+    raise("labels", "logits, labels and valid must share a device, got ", logits.device(),
+          ", ", labels.device(), ", ", valid.device());
+  const at::Tensor outside =
+      (labels != kernels::kNoTarget) & ((labels < 0) | (labels >= V));
+  if (outside.any().item<bool>()) {
+    const auto at_index = outside.flatten().nonzero()[0][0].item<int64_t>();
+    raise("labels", "value ", labels.flatten()[at_index].item<int64_t>(), " at [",
+          at_index / L, ", ", at_index % L, "] is outside the vocabulary [0, ", V,
+          ") and not -100");
+  }
+  const at::Tensor bad_valid = valid & (labels.flatten() == kernels::kNoTarget);
+  if (bad_valid.any().item<bool>())
+    raise("valid", "marks token ", bad_valid.nonzero()[0][0].item<int64_t>(),
+          " valid but its label is -100");
+}
+
+// targets[b, j]: the label position j predicts, -100 when it counts nothing. The last column
+// comes from the next rank's first column.
+at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid,
+                           const MeshPtr& mesh) {
+  const int64_t B = labels.size(0), L = labels.size(1);
+  const at::Tensor counted = at::where(valid.view({B, L}), labels,
+                                       at::full_like(labels, kernels::kNoTarget));
+  at::Tensor targets = at::empty_like(labels);
+  targets.narrow(1, 0, L - 1).copy_(counted.narrow(1, 1, L - 1));
+  at::Tensor halo = at::full({B}, kernels::kNoTarget, labels.options());
+  if (cp_size(mesh) > 1) {
+    const at::Tensor first = counted.select(1, 0).contiguous();
+    mesh->shift_from_next(first.data_ptr(), halo.data_ptr(), static_cast<std::size_t>(B),
+                          ScalarKind::kInt64);
+  }
+  targets.select(1, L - 1).copy_(halo);
+  return targets;
+}
+
+int64_t global_target_count(const at::Tensor& targets, const MeshPtr& mesh) {
+  at::Tensor count = (targets != kernels::kNoTarget).sum().to(at::kLong).reshape({1});
+  if (cp_size(mesh) > 1)
+    mesh->all_reduce_sum(count.data_ptr(), 1, ScalarKind::kInt64);
+  return count.item<int64_t>();
+}
+
+class ShiftedCrossEntropy : public torch::autograd::Function<ShiftedCrossEntropy> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& targets, double scale, double softcap) {
+    const int64_t V = logits.size(2);
+    at::Tensor grad = at::empty_like(logits);
+    at::Tensor row_loss = at::empty({targets.numel()}, logits.options());
+    const at::Tensor flat_targets = targets.contiguous();
+    kernels::CrossEntropyArgs args{logits.data_ptr<float>(), flat_targets.data_ptr<int64_t>(),
+                                   targets.numel(),          V,
+                                   static_cast<float>(softcap), static_cast<float>(scale),
+                                   grad.data_ptr<float>(),   row_loss.data_ptr<float>()};
+    if (logits.is_cuda()) {
+      raise("logits", "CUDA tensors need cpkit built with CUDA and a CUDA LibTorch");
+    }
+    kernels::cross_entropy_cpu(args);
+    ctx->save_for_backward({grad});
+    // A fixed-order double sum: the same bits for any thread count.
+    return (row_loss.to(at::kDouble).sum() * scale).to(at::kFloat);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor grad = ctx->get_saved_variables()[0];
+    return {grad * grads[0], at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor shifted_cp_loss(const at::Tensor& logits, const at::Tensor& labels,
+                           const at::Tensor& valid, const MeshPtr& mesh,
+                           const LossOptions& options) {
+  check_loss_inputs(logits, labels, valid);
+  const at::Tensor targets = shifted_targets(labels, valid, mesh);
+  const int64_t n = global_target_count(targets, mesh);
+  const double scale = n > 0 ? static_cast<double>(cp_size(mesh)) / static_cast<double>(n) : 0.0;
+  return ShiftedCrossEntropy::apply(logits, targets, scale, options.softcap);
+}
+
+}  // namespace cpkit
