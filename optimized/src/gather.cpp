@@ -68,7 +68,7 @@ class GatherTokens : public torch::autograd::Function<GatherTokens> {
     mesh->reduce_scatter_sum(grad.data_ptr(), out.data_ptr(),
                              static_cast<std::size_t>(out.numel()),
                              detail::scalar_kind(grad, "grad_output"));
-    return {out};
+    return {out, at::Tensor()};  // no gradient for the mesh
   }
 };
 

@@ -1,0 +1,131 @@
+// shifted_cp_loss over real Gloo rank processes, CP in {1, 2, 3, 4}, against LibTorch's own
+// cross_entropy (with autograd) on the whole unsharded batch.
+#include <gtest/gtest.h>
+
+#include "cpkit/optimized/error.hpp"
+#include "cpkit/optimized/ops.hpp"
+#include "rank_processes.hpp"
+
+namespace cpkit {
+namespace {
+
+using testing::expect_all_ranks_ok;
+using testing::require;
+using testing::require_close;
+using testing::run_ranks;
+
+struct GlobalCase {
+  at::Tensor logits;  // [B, S_pad, V]
+  at::Tensor labels;  // [B, S_pad], -100 on padding
+  at::Tensor valid;   // [B, S_pad]
+  int64_t seq_len;
+};
+
+// A BSHD batch padded to a multiple of `cp`, some labels ignored, last tokens padding.
+GlobalCase make_case(int cp, int64_t B, int64_t S, int64_t V, double logit_scale, bool all_ignored) {
+  at::manual_seed(77);
+  const int64_t S_pad = (S + cp - 1) / cp * cp;
+  GlobalCase c;
+  c.seq_len = S;
+  c.logits = at::randn({B, S_pad, V}) * logit_scale;
+  c.labels = at::randint(0, V, {B, S_pad}, at::kLong);
+  c.labels.masked_fill_(at::rand({B, S_pad}) < 0.2, -100);
+  if (all_ignored) c.labels.fill_(-100);
+  c.labels.narrow(1, S, S_pad - S).fill_(-100);
+  c.valid = c.labels != -100;
+  c.valid.select(1, 0).fill_(false);
+  return c;
+}
+
+// HF shifted mean CE on the unpadded batch: logits[:, :-1] predict labels[:, 1:].
+std::pair<at::Tensor, at::Tensor> truth(const GlobalCase& c) {
+  const at::Tensor logits = c.logits.narrow(1, 0, c.seq_len).detach().requires_grad_(true);
+  const at::Tensor labels = c.labels.narrow(1, 0, c.seq_len);
+  const int64_t V = logits.size(2);
+  const at::Tensor shift_logits = logits.narrow(1, 0, c.seq_len - 1).reshape({-1, V});
+  const at::Tensor shift_labels = labels.narrow(1, 1, c.seq_len - 1).reshape({-1});
+  at::Tensor loss;
+  if ((shift_labels != -100).any().item<bool>()) {
+    loss = at::cross_entropy_loss(shift_logits, shift_labels, {}, at::Reduction::Mean, -100);
+    loss.backward();
+  } else {
+    loss = at::zeros({});
+  }
+  at::Tensor grad = at::zeros_like(c.logits);
+  if (logits.grad().defined()) grad.narrow(1, 0, c.seq_len).copy_(logits.grad());
+  return {loss.detach(), grad};
+}
+
+void check_rank(int rank, const MeshPtr& mesh, int64_t B, int64_t S, int64_t V, double scale,
+                bool all_ignored) {
+  const int cp = cp_size(mesh);
+  const GlobalCase c = make_case(cp, B, S, V, scale, all_ignored);
+  const int64_t L = c.logits.size(1) / cp;
+  const at::Tensor logits = c.logits.narrow(1, rank * L, L).contiguous().requires_grad_(true);
+  const at::Tensor labels = c.labels.narrow(1, rank * L, L).contiguous();
+  const at::Tensor valid = c.valid.narrow(1, rank * L, L).reshape({-1}).contiguous();
+  const at::Tensor loss = shifted_cp_loss(logits, labels, valid, mesh);
+  require(std::isfinite(loss.item<float>()), "finite loss");
+  loss.backward();
+
+  // Mean over ranks of the returned values, through the mesh itself.
+  at::Tensor mean = loss.detach().reshape({1}).clone() / cp;
+  if (cp > 1) mesh->all_reduce_sum(mean.data_ptr(), 1, ScalarKind::kFloat32);
+  const auto [expected_loss, expected_grad] = truth(c);
+  require_close(mean, expected_loss.reshape({1}), 1e-5, 1e-5, "mean loss over ranks");
+  require_close(logits.grad() / cp, expected_grad.narrow(1, rank * L, L), 1e-7, 1e-4,
+                "logits gradient / CP");
+  if (all_ignored) {
+    require(loss.item<float>() == 0.0f, "exactly zero loss without targets");
+    require(logits.grad().eq(0).all().item<bool>(), "zero gradient without targets");
+  }
+}
+
+class ShiftedLossTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShiftedLossTest, MeanOverRanksEqualsTorchCrossEntropy) {
+  expect_all_ranks_ok(run_ranks(GetParam(), [](int rank, const MeshPtr& mesh) {
+    check_rank(rank, mesh, 2, 11, 37, 1.0, false);
+  }));
+}
+
+TEST_P(ShiftedLossTest, LargeLogitsStayFinite) {
+  expect_all_ranks_ok(run_ranks(GetParam(), [](int rank, const MeshPtr& mesh) {
+    check_rank(rank, mesh, 1, 9, 50, 1e4, false);
+  }));
+}
+
+TEST_P(ShiftedLossTest, AllIgnoredGivesExactZero) {
+  expect_all_ranks_ok(run_ranks(GetParam(), [](int rank, const MeshPtr& mesh) {
+    check_rank(rank, mesh, 2, 6, 5, 1.0, true);
+  }));
+}
+
+TEST_P(ShiftedLossTest, ShortSequenceLeavesRanksEmpty) {
+  // S = 2 < CP for CP >= 3: some ranks hold only padding.
+  expect_all_ranks_ok(run_ranks(GetParam(), [](int rank, const MeshPtr& mesh) {
+    check_rank(rank, mesh, 3, 2, 7, 1.0, false);
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(CpSizes, ShiftedLossTest, ::testing::Values(1, 2, 3, 4));
+
+TEST(ShiftedLossSoftcap, MatchesCappingBeforeTheLoss) {
+  at::manual_seed(5);
+  const at::Tensor raw = (at::randn({1, 6, 9}) * 80).requires_grad_(true);
+  const at::Tensor labels = at::randint(0, 9, {1, 6}, at::kLong);
+  at::Tensor valid = at::ones({6}, at::kBool);
+  valid[0] = false;
+  const at::Tensor fused = shifted_cp_loss(raw, labels, valid, nullptr, {.softcap = 30.0});
+  fused.backward();
+  const at::Tensor fused_grad = raw.grad().clone();
+  raw.grad().zero_();
+  const at::Tensor capped = (30.0 * at::tanh(raw / 30.0)).contiguous();
+  const at::Tensor composite = shifted_cp_loss(capped, labels, valid, nullptr);
+  composite.backward();
+  EXPECT_NEAR(fused.item<float>(), composite.item<float>(), 1e-5);
+  EXPECT_TRUE(at::allclose(fused_grad, raw.grad(), 1e-5, 1e-7));
+}
+
+}  // namespace
+}  // namespace cpkit

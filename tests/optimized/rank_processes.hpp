@@ -1,0 +1,40 @@
+// Real rank processes for tests: `world` forked processes join a Gloo world over loopback
+// (FileStore rendezvous) and each runs the same body. No in-process fake of collectives.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cpkit/optimized/communicator.hpp"
+
+namespace cpkit::testing {
+
+struct RankOutcome {
+  int rank = 0;
+  bool ok = false;
+  std::string message;  // the body's exception text, or why the process ended
+};
+
+using RankBody = std::function<void(int rank, const MeshPtr& mesh)>;
+
+// Forks `world` ranks, each builds a Gloo mesh and runs `body`; an exception in the body
+// fails that rank. Ranks still running after `limit` are killed and reported.
+std::vector<RankOutcome> run_ranks(int world, const RankBody& body,
+                                   std::chrono::milliseconds limit = std::chrono::seconds(60),
+                                   std::chrono::milliseconds collective_timeout =
+                                       std::chrono::seconds(20));
+
+// gtest: one failure per rank that did not succeed.
+void expect_all_ranks_ok(const std::vector<RankOutcome>& outcomes);
+
+// Inside a rank body: throw with a message (the parent reports it).
+void require(bool condition, const std::string& what);
+void require_close(const at::Tensor& actual, const at::Tensor& expected, double atol,
+                   double rtol, const std::string& what);
+void require_equal(const at::Tensor& actual, const at::Tensor& expected, const std::string& what);
+
+}  // namespace cpkit::testing
