@@ -30,13 +30,13 @@ void check_shapes_agree(const at::Tensor& value, Communicator& comm) {
   for (int r = 0; r < cp; ++r) {
     const int64_t* other = t + r * (kMaxDims + 1);
     if (other[1] != mine[1])
-      raise("value", "rank ", comm.rank(), " holds ", mine[1], " tokens but rank ", r,
-            " holds ", other[1]);
+      raise("value", "rank ", comm.rank(), " holds ", mine[1], " tokens but rank ", r, " holds ",
+            other[1]);
     for (int64_t d = 0; d <= kMaxDims; ++d)
       if (other[d] != mine[d])
-        raise("value", "rank ", comm.rank(), " has shape ", detail::shape_of(value),
-              " but rank ", r, " has a different trailing shape or rank (dimension ", d - 1,
-              ": ", other[d], " vs ", mine[d], ")");
+        raise("value", "rank ", comm.rank(), " has shape ", detail::shape_of(value), " but rank ",
+              r, " has a different trailing shape or rank (dimension ", d - 1, ": ", other[d],
+              " vs ", mine[d], ")");
   }
 }
 
@@ -65,8 +65,7 @@ class GatherTokens : public torch::autograd::Function<GatherTokens> {
     std::vector<int64_t> sizes = grad.sizes().vec();
     sizes[0] /= mesh->size();
     at::Tensor out = at::empty(sizes, grad.options());
-    mesh->reduce_scatter_sum(grad.data_ptr(), out.data_ptr(),
-                             static_cast<std::size_t>(out.numel()),
+    mesh->reduce_scatter_sum(grad.data_ptr(), out.data_ptr(), static_cast<std::size_t>(out.numel()),
                              detail::scalar_kind(grad, "grad_output"));
     return {out, at::Tensor()};  // no gradient for the mesh
   }

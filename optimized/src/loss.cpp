@@ -30,20 +30,16 @@ void check_loss_inputs(const at::Tensor& logits, const at::Tensor& labels,
   if (B == 0 || L == 0) raise("logits", "empty batch: shape ", detail::shape_of(logits));
   if (V < 2) raise("logits", "vocabulary size must be >= 2, got ", V);
   if (labels.size(0) != B || labels.size(1) != L)
-    raise("labels", "has shape ", detail::shape_of(labels), " but logits need [", B, ", ", L,
-          "]");
-  if (valid.numel() != B * L)
-    raise("valid", "has ", valid.numel(), " entries but B * L = ", B * L);
+    raise("labels", "has shape ", detail::shape_of(labels), " but logits need [", B, ", ", L, "]");
+  if (valid.numel() != B * L) raise("valid", "has ", valid.numel(), " entries but B * L = ", B * L);
   if (labels.device() != logits.device() || valid.device() != logits.device())
-    raise("labels", "logits, labels and valid must share a device, got ", logits.device(),
-          ", ", labels.device(), ", ", valid.device());
-  const at::Tensor outside =
-      (labels != kernels::kNoTarget) & ((labels < 0) | (labels >= V));
+    raise("labels", "logits, labels and valid must share a device, got ", logits.device(), ", ",
+          labels.device(), ", ", valid.device());
+  const at::Tensor outside = (labels != kernels::kNoTarget) & ((labels < 0) | (labels >= V));
   if (outside.any().item<bool>()) {
     const auto at_index = outside.flatten().nonzero()[0][0].item<int64_t>();
-    raise("labels", "value ", labels.flatten()[at_index].item<int64_t>(), " at [",
-          at_index / L, ", ", at_index % L, "] is outside the vocabulary [0, ", V,
-          ") and not -100");
+    raise("labels", "value ", labels.flatten()[at_index].item<int64_t>(), " at [", at_index / L,
+          ", ", at_index % L, "] is outside the vocabulary [0, ", V, ") and not -100");
   }
   const at::Tensor bad_valid = valid & (labels.flatten() == kernels::kNoTarget);
   if (bad_valid.any().item<bool>())
@@ -53,11 +49,10 @@ void check_loss_inputs(const at::Tensor& logits, const at::Tensor& labels,
 
 // targets[b, j]: the label position j predicts, -100 when it counts nothing. The last column
 // comes from the next rank's first column.
-at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid,
-                           const MeshPtr& mesh) {
+at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid, const MeshPtr& mesh) {
   const int64_t B = labels.size(0), L = labels.size(1);
-  const at::Tensor counted = at::where(valid.view({B, L}), labels,
-                                       at::full_like(labels, kernels::kNoTarget));
+  const at::Tensor counted =
+      at::where(valid.view({B, L}), labels, at::full_like(labels, kernels::kNoTarget));
   at::Tensor targets = at::empty_like(labels);
   targets.narrow(1, 0, L - 1).copy_(counted.narrow(1, 1, L - 1));
   at::Tensor halo = at::full({B}, kernels::kNoTarget, labels.options());
@@ -72,8 +67,7 @@ at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid,
 
 int64_t global_target_count(const at::Tensor& targets, const MeshPtr& mesh) {
   at::Tensor count = (targets != kernels::kNoTarget).sum().to(at::kLong).reshape({1});
-  if (cp_size(mesh) > 1)
-    mesh->all_reduce_sum(count.data_ptr(), 1, ScalarKind::kInt64);
+  if (cp_size(mesh) > 1) mesh->all_reduce_sum(count.data_ptr(), 1, ScalarKind::kInt64);
   return count.item<int64_t>();
 }
 
@@ -85,10 +79,14 @@ class ShiftedCrossEntropy : public torch::autograd::Function<ShiftedCrossEntropy
     at::Tensor grad = at::empty_like(logits);
     at::Tensor row_loss = at::empty({targets.numel()}, logits.options());
     const at::Tensor flat_targets = targets.contiguous();
-    kernels::CrossEntropyArgs args{logits.data_ptr<float>(), flat_targets.data_ptr<int64_t>(),
-                                   targets.numel(),          V,
-                                   static_cast<float>(softcap), static_cast<float>(scale),
-                                   grad.data_ptr<float>(),   row_loss.data_ptr<float>()};
+    kernels::CrossEntropyArgs args{logits.data_ptr<float>(),
+                                   flat_targets.data_ptr<int64_t>(),
+                                   targets.numel(),
+                                   V,
+                                   static_cast<float>(softcap),
+                                   static_cast<float>(scale),
+                                   grad.data_ptr<float>(),
+                                   row_loss.data_ptr<float>()};
     if (logits.is_cuda()) {
       raise("logits", "CUDA tensors need cpkit built with CUDA and a CUDA LibTorch");
     }

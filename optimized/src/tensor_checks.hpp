@@ -41,14 +41,12 @@ inline void require_defined(const at::Tensor& t, const char* argument) {
 }
 
 inline void require_dtype(const at::Tensor& t, at::ScalarType dtype, const char* argument) {
-  if (t.scalar_type() != dtype)
-    raise(argument, "must be ", dtype, ", got ", t.scalar_type());
+  if (t.scalar_type() != dtype) raise(argument, "must be ", dtype, ", got ", t.scalar_type());
 }
 
 inline void require_dim(const at::Tensor& t, int64_t dim, const char* argument) {
   if (t.dim() != dim)
-    raise(argument, "must have ", dim, " dimensions, got ", t.dim(), " (shape ", shape_of(t),
-          ")");
+    raise(argument, "must have ", dim, " dimensions, got ", t.dim(), " (shape ", shape_of(t), ")");
 }
 
 }  // namespace cpkit::detail

@@ -22,7 +22,8 @@ struct GlobalCase {
 };
 
 // A BSHD batch padded to a multiple of `cp`, some labels ignored, last tokens padding.
-GlobalCase make_case(int cp, int64_t B, int64_t S, int64_t V, double logit_scale, bool all_ignored) {
+GlobalCase make_case(int cp, int64_t B, int64_t S, int64_t V, double logit_scale,
+                     bool all_ignored) {
   at::manual_seed(77);
   const int64_t S_pad = (S + cp - 1) / cp * cp;
   GlobalCase c;

@@ -41,8 +41,8 @@ std::string rank_file(const std::string& dir, int rank) {
   return dir + "/rank" + std::to_string(rank) + ".txt";
 }
 
-[[noreturn]] void run_child(int rank, int world, const std::string& dir,
-                            const RankBody& body, std::chrono::milliseconds timeout) {
+[[noreturn]] void run_child(int rank, int world, const std::string& dir, const RankBody& body,
+                            std::chrono::milliseconds timeout) {
   std::string message;
   int code = 0;
   try {
@@ -62,8 +62,7 @@ std::string rank_file(const std::string& dir, int rank) {
 
 }  // namespace
 
-std::vector<RankOutcome> run_ranks(int world, const RankBody& body,
-                                   std::chrono::milliseconds limit,
+std::vector<RankOutcome> run_ranks(int world, const RankBody& body, std::chrono::milliseconds limit,
                                    std::chrono::milliseconds collective_timeout) {
   const std::string dir = make_run_dir();
   std::vector<pid_t> pids;
@@ -90,7 +89,8 @@ std::vector<RankOutcome> run_ranks(int world, const RankBody& body,
       std::stringstream text;
       text << in.rdbuf();
       o.message = text.str();
-      if (WIFSIGNALED(status)) o.message += " (killed by signal " + std::to_string(WTERMSIG(status)) + ")";
+      if (WIFSIGNALED(status))
+        o.message += " (killed by signal " + std::to_string(WTERMSIG(status)) + ")";
     }
     if (remaining > 0 && std::chrono::steady_clock::now() > deadline) {
       for (int rank = 0; rank < world; ++rank)
@@ -117,11 +117,10 @@ void require(bool condition, const std::string& what) {
   if (!condition) throw std::runtime_error(what);
 }
 
-void require_close(const at::Tensor& actual, const at::Tensor& expected, double atol,
-                   double rtol, const std::string& what) {
-  require(actual.sizes() == expected.sizes(), what + ": shape " +
-                                                  c10::str(actual.sizes()) + " vs " +
-                                                  c10::str(expected.sizes()));
+void require_close(const at::Tensor& actual, const at::Tensor& expected, double atol, double rtol,
+                   const std::string& what) {
+  require(actual.sizes() == expected.sizes(),
+          what + ": shape " + c10::str(actual.sizes()) + " vs " + c10::str(expected.sizes()));
   const at::Tensor a = actual.to(at::kDouble), e = expected.to(at::kDouble);
   const at::Tensor bad = (a - e).abs() > (atol + rtol * e.abs());
   if (bad.any().item<bool>()) {

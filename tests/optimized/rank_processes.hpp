@@ -23,18 +23,17 @@ using RankBody = std::function<void(int rank, const MeshPtr& mesh)>;
 
 // Forks `world` ranks, each builds a Gloo mesh and runs `body`; an exception in the body
 // fails that rank. Ranks still running after `limit` are killed and reported.
-std::vector<RankOutcome> run_ranks(int world, const RankBody& body,
-                                   std::chrono::milliseconds limit = std::chrono::seconds(60),
-                                   std::chrono::milliseconds collective_timeout =
-                                       std::chrono::seconds(20));
+std::vector<RankOutcome> run_ranks(
+    int world, const RankBody& body, std::chrono::milliseconds limit = std::chrono::seconds(60),
+    std::chrono::milliseconds collective_timeout = std::chrono::seconds(20));
 
 // gtest: one failure per rank that did not succeed.
 void expect_all_ranks_ok(const std::vector<RankOutcome>& outcomes);
 
 // Inside a rank body: throw with a message (the parent reports it).
 void require(bool condition, const std::string& what);
-void require_close(const at::Tensor& actual, const at::Tensor& expected, double atol,
-                   double rtol, const std::string& what);
+void require_close(const at::Tensor& actual, const at::Tensor& expected, double atol, double rtol,
+                   const std::string& what);
 void require_equal(const at::Tensor& actual, const at::Tensor& expected, const std::string& what);
 
 }  // namespace cpkit::testing

@@ -66,8 +66,7 @@ class ProcessGroupCommunicator final : public Communicator {
     backend_->allreduce(tensors)->wait();
   }
 
-  void shift_from_next(const void* send, void* recv, std::size_t count,
-                       ScalarKind kind) override {
+  void shift_from_next(const void* send, void* recv, std::size_t count, ScalarKind kind) override {
     constexpr int kTag = 7001;
     std::vector<at::Tensor> incoming{wrap(recv, count, kind)};
     std::vector<at::Tensor> outgoing{wrap(send, count, kind)};

@@ -55,8 +55,8 @@ CPKIT_HOST_DEVICE inline OnlineSoftmax online_merge(OnlineSoftmax a, OnlineSoftm
 CPKIT_HOST_DEVICE inline float log_sum_exp(OnlineSoftmax s) { return s.max + logf(s.sum); }
 
 // d(scale * CE) / d z for one logit z of a row with log-sum-exp `lse` (of the capped row).
-CPKIT_HOST_DEVICE inline float cross_entropy_grad(float z, bool is_target, float lse,
-                                                  float softcap, float scale) {
+CPKIT_HOST_DEVICE inline float cross_entropy_grad(float z, bool is_target, float lse, float softcap,
+                                                  float scale) {
   const float p = expf(capped(z, softcap) - lse);
   return (p - (is_target ? 1.0f : 0.0f)) * scale * capped_derivative(z, softcap);
 }

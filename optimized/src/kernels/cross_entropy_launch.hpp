@@ -7,14 +7,14 @@
 namespace cpkit::kernels {
 
 struct CrossEntropyArgs {
-  const float* logits;     // [rows, vocab], contiguous
+  const float* logits;          // [rows, vocab], contiguous
   const std::int64_t* targets;  // [rows], kNoTarget = no target
   std::int64_t rows;
   std::int64_t vocab;
-  float softcap;           // <= 0: off
-  float scale;             // CP / N
-  float* grad;             // [rows, vocab]
-  float* row_loss;         // [rows], unscaled CE, 0 where no target
+  float softcap;    // <= 0: off
+  float scale;      // CP / N
+  float* grad;      // [rows, vocab]
+  float* row_loss;  // [rows], unscaled CE, 0 where no target
 };
 
 void cross_entropy_cpu(const CrossEntropyArgs& args);

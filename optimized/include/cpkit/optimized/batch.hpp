@@ -1,0 +1,37 @@
+// The batch a trainer hands to cpkit, fillable from a name -> value map.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace cpkit {
+
+struct CPBatch {
+  // Exactly one of input_ids [B, S] int64 / inputs_embeds [B, S, H] floating.
+  at::Tensor input_ids;
+  at::Tensor inputs_embeds;
+  at::Tensor labels;          // [B, S] int64, unshifted, -100 = ignore
+  at::Tensor position_ids;    // optional [B, S] int64 (BSHD)
+  at::Tensor attention_mask;  // optional [B, S], 1 keep, 0 padding (BSHD)
+  at::Tensor seq_lens;        // THD: [num_chunks, D] int64, ragged rows end in -1000
+  at::Tensor seq_lens_padded; // THD: [num_chunks, D] int64 slot lengths
+  std::vector<at::Tensor> images;  // complete [C, H, W] images, never sharded
+  std::string qkv_format = "bshd";  // "bshd" or "thd"
+
+  // Keys: input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens,
+  // seq_lens_padded (tensors), images (a tensor list), qkv_format (a string). Unknown keys
+  // and values of the wrong kind raise cpkit::Error.
+  static CPBatch from_map(const std::unordered_map<std::string, c10::IValue>& values);
+};
+
+// How sequences are padded before the cut (docs/spec.md section 2).
+struct PadOptions {
+  int pad_multiple = 1;           // S_pad is a multiple of CP * pad_multiple
+  std::int64_t pad_token_id = 0;  // written into padded id positions
+};
+
+}  // namespace cpkit

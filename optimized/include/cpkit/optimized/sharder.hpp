@@ -1,0 +1,96 @@
+// prepare_cp_inputs / prepare_packed_cp_inputs and the Sharder they return: each rank's
+// local tensors, with every value taken from the global sequence before the cut.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "cpkit/optimized/batch.hpp"
+#include "cpkit/optimized/communicator.hpp"
+
+namespace cpkit {
+
+struct Layout {
+  int cp_size = 1;
+  int rank = 0;
+  std::int64_t seq_len = 0;     // S (or T) as given
+  std::int64_t padded_len = 0;  // S_pad
+  std::int64_t local_len = 0;   // L = S_pad / CP
+  std::int64_t begin = 0;       // rank * L
+  std::int64_t end = 0;         // (rank + 1) * L
+};
+
+struct LocalShard {
+  Layout layout;
+  at::Tensor input_ids;      // [rows, L] when shard_primary and ids were given
+  at::Tensor inputs_embeds;  // [rows, L, H] when shard_primary and embeddings were given
+  at::Tensor labels;         // [rows, L] int64, -100 on padding
+  at::Tensor position_ids;   // [rows, L] int64
+  at::Tensor document_ids;   // [rows, L] int64
+  at::Tensor padding;        // [rows, L] bool
+  at::Tensor valid;          // [rows * L] bool, the loss's valid-target mask
+};
+
+class Sharder {
+ public:
+  struct Microbatch;  // internal
+
+  Sharder(CPBatch batch, MeshPtr mesh, int cp_size, int num_chunks, bool shard_primary,
+          PadOptions pad, std::vector<Microbatch> microbatches);
+  ~Sharder();
+  Sharder(Sharder&&) noexcept;
+  Sharder& operator=(Sharder&&) noexcept;
+
+  int cp_size() const { return cp_size_; }
+  int rank() const { return cp_rank(mesh_); }
+  int num_microbatches() const;
+  bool shard_primary() const { return shard_primary_; }
+  const std::vector<at::Tensor>& images() const { return batch_.images; }
+
+  Layout layout(int microbatch, int rank) const;
+  LocalShard local(int microbatch) const { return local(microbatch, rank()); }
+  // Any rank's shard (tools and tests that look at all ranks from one process).
+  LocalShard local(int microbatch, int rank) const;
+
+  // shard_primary == false: the microbatch's primary stream, global and unpadded.
+  at::Tensor global_primary(int microbatch) const;
+  // Cuts the model's spliced [rows, S, H] embeddings (or [rows, S] ids) of one microbatch
+  // like every other stream. Differentiable: backward places the local gradient on this
+  // rank's rows of a zero [rows, S, H] gradient.
+  at::Tensor cut_spliced(int microbatch, const at::Tensor& spliced) const {
+    return cut_spliced(microbatch, rank(), spliced);
+  }
+  at::Tensor cut_spliced(int microbatch, int rank, const at::Tensor& spliced) const;
+
+  // THD: offsets over real lengths / slot lengths of the microbatch's documents, [D + 1].
+  at::Tensor cu_seqlens(int microbatch) const;
+  at::Tensor cu_seqlens_padded(int microbatch) const;
+
+ private:
+  const Microbatch& microbatch(int index) const;
+  void check_rank(int rank) const;
+
+  CPBatch batch_;
+  MeshPtr mesh_;
+  int cp_size_;
+  int num_chunks_;
+  bool shard_primary_;
+  PadOptions pad_;
+  std::vector<Microbatch> microbatches_;
+};
+
+// BSHD (qkv_format "bshd"): num_chunks splits the batch axis.
+Sharder prepare_cp_inputs(const CPBatch& batch, const MeshPtr& mesh, int num_chunks = 1,
+                          bool shard_primary = true, const PadOptions& pad = {});
+// THD (qkv_format "thd"): one packed row per microbatch, so num_chunks rows.
+Sharder prepare_packed_cp_inputs(const CPBatch& batch, const MeshPtr& mesh, int num_chunks,
+                                 bool shard_primary = true, const PadOptions& pad = {});
+
+// The same with an explicit CP size and no mesh: all ranks' shards from one process.
+Sharder prepare_cp_inputs_for(const CPBatch& batch, int cp_size, int num_chunks = 1,
+                              bool shard_primary = true, const PadOptions& pad = {});
+Sharder prepare_packed_cp_inputs_for(const CPBatch& batch, int cp_size, int num_chunks,
+                                     bool shard_primary = true, const PadOptions& pad = {});
+
+}  // namespace cpkit

@@ -1,0 +1,34 @@
+// Per-token metadata of a packed row, written once for the CPU loop and the CUDA kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cross_entropy.hpp"  // CPKIT_HOST_DEVICE
+
+namespace cpkit::kernels {
+
+struct PackedToken {
+  std::int64_t document;  // 1-based slot index, 0 past the last slot
+  std::int64_t position;  // offset within the slot, 0 past the last slot
+  bool padding;           // slot padding or row tail
+};
+
+// cu_padded: [docs + 1] prefix sums of slot lengths; lens: [docs] real lengths.
+CPKIT_HOST_DEVICE inline PackedToken packed_token(std::int64_t t, const std::int64_t* cu_padded,
+                                                  const std::int64_t* lens, std::int64_t docs) {
+  if (t >= cu_padded[docs]) return {0, 0, true};
+  // The last slot starting at or before t holds it (zero-length slots before it share its
+  // start and are skipped).
+  std::int64_t lo = 0, hi = docs - 1;
+  while (lo < hi) {
+    const std::int64_t mid = (lo + hi + 1) / 2;
+    if (cu_padded[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const std::int64_t offset = t - cu_padded[lo];
+  return {lo + 1, offset, offset >= lens[lo]};
+}
+
+}  // namespace cpkit::kernels

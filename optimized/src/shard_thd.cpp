@@ -1,0 +1,128 @@
+// THD: seq_lens parsing, one microbatch per packed row, and a rank's streams from the
+// packed_token kernel body (shared with CUDA).
+#include <ATen/Parallel.h>
+
+#include "cpkit/optimized/error.hpp"
+#include "kernels/packed_layout.hpp"
+#include "sharder_internal.hpp"
+#include "tensor_checks.hpp"
+
+namespace cpkit::detail {
+
+namespace {
+
+constexpr int64_t kSentinel = -1000;
+
+// One row of seq_lens / seq_lens_padded -> real lengths and slot lengths.
+void parse_row(const int64_t* lens, const int64_t* slots, int64_t D, int64_t row, int64_t T,
+               std::vector<int64_t>& real, std::vector<int64_t>& slot) {
+  bool ended = false;
+  int64_t total = 0;
+  for (int64_t d = 0; d < D; ++d) {
+    if ((lens[d] == kSentinel) != (slots[d] == kSentinel))
+      raise("seq_lens_padded", "row ", row, " entry ", d, " is ", slots[d],
+            " but seq_lens has ", lens[d], ": -1000 sentinels must stand at the same places in both");
+    if (lens[d] == kSentinel) {
+      ended = true;
+      continue;
+    }
+    if (ended)
+      raise("seq_lens", "row ", row, " entry ", d, " = ", lens[d],
+            " follows a -1000 sentinel; sentinels may only end the list");
+    if (lens[d] < 0) raise("seq_lens", "row ", row, " entry ", d, " is negative: ", lens[d]);
+    if (slots[d] < 0)
+      raise("seq_lens_padded", "row ", row, " entry ", d, " is negative: ", slots[d]);
+    if (lens[d] > slots[d])
+      raise("seq_lens", "row ", row, " document ", d, " has length ", lens[d],
+            " but its slot (seq_lens_padded) is only ", slots[d]);
+    real.push_back(lens[d]);
+    slot.push_back(slots[d]);
+    total += slots[d];
+  }
+  if (real.empty()) raise("seq_lens", "row ", row, " has no document, only -1000 sentinels");
+  if (total > T)
+    raise("seq_lens_padded", "row ", row, " slots sum to ", total, " but the row holds T = ", T,
+          " tokens");
+}
+
+at::Tensor prefix_sums(const std::vector<int64_t>& v) {
+  at::Tensor out = at::zeros({static_cast<int64_t>(v.size()) + 1}, at::kLong);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    out[static_cast<int64_t>(i) + 1] = out[static_cast<int64_t>(i)].item<int64_t>() + v[i];
+  return out;
+}
+
+}  // namespace
+
+std::vector<Sharder::Microbatch> thd_microbatches(const CPBatch& batch, int cp_size,
+                                                  int num_chunks, const PadOptions& pad) {
+  check_common(batch, cp_size, num_chunks, pad);
+  const auto rows = batch.labels.size(0), T = batch.labels.size(1);
+  if (rows != num_chunks)
+    raise("num_chunks", "a packed batch holds one row per microbatch, but labels has ", rows,
+          " rows and num_chunks = ", num_chunks);
+  require_defined(batch.seq_lens, "seq_lens");
+  require_defined(batch.seq_lens_padded, "seq_lens_padded");
+  require_dtype(batch.seq_lens, at::kLong, "seq_lens");
+  require_dtype(batch.seq_lens_padded, at::kLong, "seq_lens_padded");
+  if (batch.seq_lens.dim() != 2 || batch.seq_lens.size(0) != rows || batch.seq_lens.size(1) < 1)
+    raise("seq_lens", "has shape ", shape_of(batch.seq_lens), " but [", rows,
+          ", D >= 1] is required");
+  if (batch.seq_lens_padded.sizes() != batch.seq_lens.sizes())
+    raise("seq_lens_padded", "has shape ", shape_of(batch.seq_lens_padded),
+          " but seq_lens has ", shape_of(batch.seq_lens));
+  // Metadata is read on the host (it is small and usually arrives as CPU tensors).
+  const at::Tensor lens = batch.seq_lens.cpu().contiguous();
+  const at::Tensor slots = batch.seq_lens_padded.cpu().contiguous();
+  const int64_t D = lens.size(1);
+  std::vector<Sharder::Microbatch> out;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int64_t> real, slot;
+    parse_row(lens.data_ptr<int64_t>() + r * D, slots.data_ptr<int64_t>() + r * D, D, r, T,
+              real, slot);
+    Sharder::Microbatch mb;
+    mb.first_row = r;
+    mb.rows = 1;
+    mb.seq_len = T;
+    mb.padded_len = padded_length(T, cp_size, pad.pad_multiple);
+    mb.packed = true;
+    mb.lens = at::tensor(real, at::kLong);
+    mb.cu_lens = prefix_sums(real);
+    mb.cu_padded = prefix_sums(slot);
+    out.push_back(mb);
+  }
+  return out;
+}
+
+void fill_thd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const Layout& l,
+                      LocalShard& shard) {
+  const auto cpu_long = at::TensorOptions().dtype(at::kLong);
+  at::Tensor documents = at::empty({1, l.local_len}, cpu_long);
+  at::Tensor positions = at::empty({1, l.local_len}, cpu_long);
+  at::Tensor padding = at::empty({1, l.local_len}, at::kBool);
+  const int64_t* cu = mb.cu_padded.data_ptr<int64_t>();
+  const int64_t* lens = mb.lens.data_ptr<int64_t>();
+  const int64_t docs = mb.lens.numel();
+  int64_t* doc_out = documents.data_ptr<int64_t>();
+  int64_t* pos_out = positions.data_ptr<int64_t>();
+  bool* pad_out = padding.data_ptr<bool>();
+  at::parallel_for(0, l.local_len, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const kernels::PackedToken tok = kernels::packed_token(l.begin + j, cu, lens, docs);
+      doc_out[j] = tok.document;
+      pos_out[j] = tok.position;
+      pad_out[j] = tok.padding;
+    }
+  });
+  const auto device = batch.labels.device();
+  shard.document_ids = documents.to(device);
+  shard.position_ids = positions.to(device);
+  shard.padding = padding.to(device);
+  const at::Tensor labels = take_padded(batch.labels.narrow(0, mb.first_row, 1), l, -100);
+  shard.labels = at::where(shard.padding, at::full({}, -100, labels.options()), labels);
+  // A document's first token is predicted by nothing in that document.
+  shard.valid =
+      ((~shard.padding) & (shard.labels != -100) & (shard.position_ids > 0)).reshape({-1});
+}
+
+}  // namespace cpkit::detail

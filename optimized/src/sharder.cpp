@@ -1,0 +1,163 @@
+// The Sharder: layouts, local shards and the differentiable in-forward cut.
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "cpkit/optimized/error.hpp"
+#include "sharder_internal.hpp"
+#include "tensor_checks.hpp"
+
+namespace cpkit {
+
+namespace {
+
+// Pads and cuts one microbatch's spliced primary stream; backward scatters the local
+// gradient back onto this rank's rows of a zero gradient shaped like the input.
+class CutSpliced : public torch::autograd::Function<CutSpliced> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& spliced,
+                            int64_t begin, int64_t local_len, int64_t seq_len, double fill) {
+    Layout l;
+    l.begin = begin;
+    l.local_len = local_len;
+    l.end = begin + local_len;
+    l.seq_len = seq_len;
+    ctx->saved_data["begin"] = begin;
+    ctx->saved_data["sizes"] = spliced.sizes().vec();
+    return detail::take_padded(spliced, l, fill);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const int64_t begin = ctx->saved_data["begin"].toInt();
+    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
+    at::Tensor grad = at::zeros(sizes, grads[0].options());
+    const int64_t real = std::clamp<int64_t>(sizes[1] - begin, 0, grads[0].size(1));
+    if (real > 0) grad.narrow(1, begin, real).copy_(grads[0].narrow(1, 0, real));
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+Sharder::Sharder(CPBatch batch, MeshPtr mesh, int cp_size, int num_chunks, bool shard_primary,
+                 PadOptions pad, std::vector<Microbatch> microbatches)
+    : batch_(std::move(batch)),
+      mesh_(std::move(mesh)),
+      cp_size_(cp_size),
+      num_chunks_(num_chunks),
+      shard_primary_(shard_primary),
+      pad_(pad),
+      microbatches_(std::move(microbatches)) {}
+Sharder::~Sharder() = default;
+Sharder::Sharder(Sharder&&) noexcept = default;
+Sharder& Sharder::operator=(Sharder&&) noexcept = default;
+
+int Sharder::num_microbatches() const { return static_cast<int>(microbatches_.size()); }
+
+const Sharder::Microbatch& Sharder::microbatch(int index) const {
+  if (index < 0 || index >= num_microbatches())
+    raise("microbatch", "must be in [0, ", num_microbatches(), "), got ", index);
+  return microbatches_[static_cast<std::size_t>(index)];
+}
+
+void Sharder::check_rank(int rank) const {
+  if (rank < 0 || rank >= cp_size_) raise("rank", "must be in [0, ", cp_size_, "), got ", rank);
+}
+
+Layout Sharder::layout(int index, int rank) const {
+  check_rank(rank);
+  const Microbatch& mb = microbatch(index);
+  Layout l;
+  l.cp_size = cp_size_;
+  l.rank = rank;
+  l.seq_len = mb.seq_len;
+  l.padded_len = mb.padded_len;
+  l.local_len = mb.padded_len / cp_size_;
+  l.begin = rank * l.local_len;
+  l.end = l.begin + l.local_len;
+  return l;
+}
+
+LocalShard Sharder::local(int index, int rank) const {
+  const Layout l = layout(index, rank);
+  const Microbatch& mb = microbatch(index);
+  LocalShard shard;
+  shard.layout = l;
+  if (mb.packed)
+    detail::fill_thd_streams(batch_, mb, l, shard);
+  else
+    detail::fill_bshd_streams(batch_, mb, l, shard);
+  if (shard_primary_) {
+    if (batch_.input_ids.defined())
+      shard.input_ids = detail::take_padded(batch_.input_ids.narrow(0, mb.first_row, mb.rows), l,
+                                            static_cast<double>(pad_.pad_token_id));
+    else
+      shard.inputs_embeds =
+          detail::take_padded(batch_.inputs_embeds.narrow(0, mb.first_row, mb.rows), l, 0.0);
+  }
+  return shard;
+}
+
+at::Tensor Sharder::global_primary(int index) const {
+  const Microbatch& mb = microbatch(index);
+  const at::Tensor& primary = batch_.input_ids.defined() ? batch_.input_ids : batch_.inputs_embeds;
+  return primary.narrow(0, mb.first_row, mb.rows);
+}
+
+at::Tensor Sharder::cut_spliced(int index, int rank, const at::Tensor& spliced) const {
+  const Layout l = layout(index, rank);
+  const Microbatch& mb = microbatch(index);
+  detail::require_defined(spliced, "spliced");
+  if (spliced.dim() < 2 || spliced.size(0) != mb.rows || spliced.size(1) != l.seq_len)
+    raise("spliced", "has shape ", detail::shape_of(spliced), " but [", mb.rows, ", ",
+          l.seq_len, ", ...] is required");
+  const double fill =
+      spliced.is_floating_point() ? 0.0 : static_cast<double>(pad_.pad_token_id);
+  if (!spliced.is_floating_point()) return detail::take_padded(spliced, l, fill);  // ids
+  return CutSpliced::apply(spliced, l.begin, l.local_len, l.seq_len, fill);
+}
+
+at::Tensor Sharder::cu_seqlens(int index) const {
+  const Microbatch& mb = microbatch(index);
+  if (!mb.packed) raise("microbatch", "cu_seqlens exists for packed (THD) batches only");
+  return mb.cu_lens;
+}
+
+at::Tensor Sharder::cu_seqlens_padded(int index) const {
+  const Microbatch& mb = microbatch(index);
+  if (!mb.packed) raise("microbatch", "cu_seqlens_padded exists for packed (THD) batches only");
+  return mb.cu_padded;
+}
+
+Sharder prepare_cp_inputs_for(const CPBatch& batch, int cp_size, int num_chunks,
+                              bool shard_primary, const PadOptions& pad) {
+  auto microbatches = detail::bshd_microbatches(batch, cp_size, num_chunks, pad);
+  return Sharder(batch, nullptr, cp_size, num_chunks, shard_primary, pad, std::move(microbatches));
+}
+
+Sharder prepare_packed_cp_inputs_for(const CPBatch& batch, int cp_size, int num_chunks,
+                                     bool shard_primary, const PadOptions& pad) {
+  auto microbatches = detail::thd_microbatches(batch, cp_size, num_chunks, pad);
+  return Sharder(batch, nullptr, cp_size, num_chunks, shard_primary, pad, std::move(microbatches));
+}
+
+Sharder prepare_cp_inputs(const CPBatch& batch, const MeshPtr& mesh, int num_chunks,
+                          bool shard_primary, const PadOptions& pad) {
+  if (batch.qkv_format != "bshd")
+    raise("qkv_format", "prepare_cp_inputs takes \"bshd\" batches, got \"", batch.qkv_format,
+          "\" (use prepare_packed_cp_inputs)");
+  auto microbatches = detail::bshd_microbatches(batch, cp_size(mesh), num_chunks, pad);
+  return Sharder(batch, mesh, cp_size(mesh), num_chunks, shard_primary, pad,
+                 std::move(microbatches));
+}
+
+Sharder prepare_packed_cp_inputs(const CPBatch& batch, const MeshPtr& mesh, int num_chunks,
+                                 bool shard_primary, const PadOptions& pad) {
+  if (batch.qkv_format != "thd")
+    raise("qkv_format", "prepare_packed_cp_inputs takes \"thd\" batches, got \"",
+          batch.qkv_format, "\"");
+  auto microbatches = detail::thd_microbatches(batch, cp_size(mesh), num_chunks, pad);
+  return Sharder(batch, mesh, cp_size(mesh), num_chunks, shard_primary, pad,
+                 std::move(microbatches));
+}
+
+}  // namespace cpkit
