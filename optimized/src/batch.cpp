@@ -10,9 +10,12 @@ namespace cpkit {
 CPBatch CPBatch::from_map(const std::unordered_map<std::string, c10::IValue>& values) {
   CPBatch batch;
   const std::unordered_map<std::string, at::Tensor CPBatch::*> tensors = {
-      {"input_ids", &CPBatch::input_ids},       {"inputs_embeds", &CPBatch::inputs_embeds},
-      {"labels", &CPBatch::labels},             {"position_ids", &CPBatch::position_ids},
-      {"attention_mask", &CPBatch::attention_mask}, {"seq_lens", &CPBatch::seq_lens},
+      {"input_ids", &CPBatch::input_ids},
+      {"inputs_embeds", &CPBatch::inputs_embeds},
+      {"labels", &CPBatch::labels},
+      {"position_ids", &CPBatch::position_ids},
+      {"attention_mask", &CPBatch::attention_mask},
+      {"seq_lens", &CPBatch::seq_lens},
       {"seq_lens_padded", &CPBatch::seq_lens_padded}};
   for (const auto& [name, value] : values) {
     if (auto it = tensors.find(name); it != tensors.end()) {
@@ -26,8 +29,9 @@ CPBatch CPBatch::from_map(const std::unordered_map<std::string, c10::IValue>& va
       if (!value.isString()) raise(name, "must be a string, got ", value.tagKind());
       batch.qkv_format = value.toStringRef();
     } else {
-      raise(name, "is not a CPBatch field (input_ids, inputs_embeds, labels, position_ids, "
-                  "attention_mask, seq_lens, seq_lens_padded, images, qkv_format)");
+      raise(name,
+            "is not a CPBatch field (input_ids, inputs_embeds, labels, position_ids, "
+            "attention_mask, seq_lens, seq_lens_padded, images, qkv_format)");
     }
   }
   return batch;

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "cpkit/optimized/ops.hpp"
+#include "cuda_glue.hpp"
 #include "kernels/cross_entropy.hpp"
 #include "kernels/cross_entropy_launch.hpp"
 #include "tensor_checks.hpp"
@@ -65,41 +66,47 @@ at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid, co
   return targets;
 }
 
-int64_t global_target_count(const at::Tensor& targets, const MeshPtr& mesh) {
+// N summed over the mesh, as a one-element int64 tensor on the logits' device (never read
+// on the host: the kernel forms CP / N itself).
+at::Tensor global_target_count(const at::Tensor& targets, const MeshPtr& mesh) {
   at::Tensor count = (targets != kernels::kNoTarget).sum().to(at::kLong).reshape({1});
   if (cp_size(mesh) > 1) mesh->all_reduce_sum(count.data_ptr(), 1, ScalarKind::kInt64);
-  return count.item<int64_t>();
+  return count;
 }
 
 class ShiftedCrossEntropy : public torch::autograd::Function<ShiftedCrossEntropy> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
-                            const at::Tensor& targets, double scale, double softcap) {
-    const int64_t V = logits.size(2);
+                            const at::Tensor& targets, const at::Tensor& count, int64_t cp,
+                            double softcap) {
     at::Tensor grad = at::empty_like(logits);
     at::Tensor row_loss = at::empty({targets.numel()}, logits.options());
     const at::Tensor flat_targets = targets.contiguous();
-    kernels::CrossEntropyArgs args{logits.data_ptr<float>(),
-                                   flat_targets.data_ptr<int64_t>(),
-                                   targets.numel(),
-                                   V,
-                                   static_cast<float>(softcap),
-                                   static_cast<float>(scale),
-                                   grad.data_ptr<float>(),
-                                   row_loss.data_ptr<float>()};
-    if (logits.is_cuda()) {
-      raise("logits", "CUDA tensors need cpkit built with CUDA and a CUDA LibTorch");
-    }
-    kernels::cross_entropy_cpu(args);
+    kernels::CrossEntropyArgs args{};
+    args.logits = logits.data_ptr<float>();
+    args.targets = flat_targets.data_ptr<int64_t>();
+    args.rows = targets.numel();
+    args.vocab = logits.size(2);
+    args.softcap = static_cast<float>(softcap);
+    args.cp = static_cast<int>(cp);
+    args.count = count.data_ptr<int64_t>();
+    args.grad = grad.data_ptr<float>();
+    args.row_loss = row_loss.data_ptr<float>();
+    if (logits.is_cuda())
+      kernels::cross_entropy_cuda(args, detail::current_stream(logits));
+    else
+      kernels::cross_entropy_cpu(args);
     ctx->save_for_backward({grad});
-    // A fixed-order double sum: the same bits for any thread count.
+    // A fixed-order double sum (the same bits for any thread count), times CP / N.
+    const at::Tensor n = count.to(at::kDouble).squeeze(0);
+    const at::Tensor scale = at::where(n > 0, static_cast<double>(cp) / n, at::zeros_like(n));
     return (row_loss.to(at::kDouble).sum() * scale).to(at::kFloat);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const at::Tensor grad = ctx->get_saved_variables()[0];
-    return {grad * grads[0], at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad * grads[0], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -110,9 +117,9 @@ at::Tensor shifted_cp_loss(const at::Tensor& logits, const at::Tensor& labels,
                            const LossOptions& options) {
   check_loss_inputs(logits, labels, valid);
   const at::Tensor targets = shifted_targets(labels, valid, mesh);
-  const int64_t n = global_target_count(targets, mesh);
-  const double scale = n > 0 ? static_cast<double>(cp_size(mesh)) / static_cast<double>(n) : 0.0;
-  return ShiftedCrossEntropy::apply(logits, targets, scale, options.softcap);
+  const at::Tensor count = global_target_count(targets, mesh);
+  return ShiftedCrossEntropy::apply(logits, targets, count, int64_t{cp_size(mesh)},
+                                    options.softcap);
 }
 
 }  // namespace cpkit

@@ -18,8 +18,8 @@ void check_bshd(const CPBatch& batch, int num_chunks) {
   }
   if (batch.attention_mask.defined()) {
     if (batch.attention_mask.sizes() != batch.labels.sizes())
-      raise("attention_mask", "has shape ", shape_of(batch.attention_mask),
-            " but labels have ", shape_of(batch.labels));
+      raise("attention_mask", "has shape ", shape_of(batch.attention_mask), " but labels have ",
+            shape_of(batch.labels));
     const at::Tensor mask = batch.attention_mask.to(at::kLong);
     const at::Tensor odd = (mask != 0) & (mask != 1);
     if (odd.any().item<bool>()) {

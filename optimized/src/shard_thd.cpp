@@ -20,8 +20,8 @@ void parse_row(const int64_t* lens, const int64_t* slots, int64_t D, int64_t row
   int64_t total = 0;
   for (int64_t d = 0; d < D; ++d) {
     if ((lens[d] == kSentinel) != (slots[d] == kSentinel))
-      raise("seq_lens_padded", "row ", row, " entry ", d, " is ", slots[d],
-            " but seq_lens has ", lens[d], ": -1000 sentinels must stand at the same places in both");
+      raise("seq_lens_padded", "row ", row, " entry ", d, " is ", slots[d], " but seq_lens has ",
+            lens[d], ": -1000 sentinels must stand at the same places in both");
     if (lens[d] == kSentinel) {
       ended = true;
       continue;
@@ -54,8 +54,8 @@ at::Tensor prefix_sums(const std::vector<int64_t>& v) {
 
 }  // namespace
 
-std::vector<Sharder::Microbatch> thd_microbatches(const CPBatch& batch, int cp_size,
-                                                  int num_chunks, const PadOptions& pad) {
+std::vector<Sharder::Microbatch> thd_microbatches(const CPBatch& batch, int cp_size, int num_chunks,
+                                                  const PadOptions& pad) {
   check_common(batch, cp_size, num_chunks, pad);
   const auto rows = batch.labels.size(0), T = batch.labels.size(1);
   if (rows != num_chunks)
@@ -69,8 +69,8 @@ std::vector<Sharder::Microbatch> thd_microbatches(const CPBatch& batch, int cp_s
     raise("seq_lens", "has shape ", shape_of(batch.seq_lens), " but [", rows,
           ", D >= 1] is required");
   if (batch.seq_lens_padded.sizes() != batch.seq_lens.sizes())
-    raise("seq_lens_padded", "has shape ", shape_of(batch.seq_lens_padded),
-          " but seq_lens has ", shape_of(batch.seq_lens));
+    raise("seq_lens_padded", "has shape ", shape_of(batch.seq_lens_padded), " but seq_lens has ",
+          shape_of(batch.seq_lens));
   // Metadata is read on the host (it is small and usually arrives as CPU tensors).
   const at::Tensor lens = batch.seq_lens.cpu().contiguous();
   const at::Tensor slots = batch.seq_lens_padded.cpu().contiguous();
@@ -78,8 +78,8 @@ std::vector<Sharder::Microbatch> thd_microbatches(const CPBatch& batch, int cp_s
   std::vector<Sharder::Microbatch> out;
   for (int64_t r = 0; r < rows; ++r) {
     std::vector<int64_t> real, slot;
-    parse_row(lens.data_ptr<int64_t>() + r * D, slots.data_ptr<int64_t>() + r * D, D, r, T,
-              real, slot);
+    parse_row(lens.data_ptr<int64_t>() + r * D, slots.data_ptr<int64_t>() + r * D, D, r, T, real,
+              slot);
     Sharder::Microbatch mb;
     mb.first_row = r;
     mb.rows = 1;

@@ -108,10 +108,9 @@ at::Tensor Sharder::cut_spliced(int index, int rank, const at::Tensor& spliced) 
   const Microbatch& mb = microbatch(index);
   detail::require_defined(spliced, "spliced");
   if (spliced.dim() < 2 || spliced.size(0) != mb.rows || spliced.size(1) != l.seq_len)
-    raise("spliced", "has shape ", detail::shape_of(spliced), " but [", mb.rows, ", ",
-          l.seq_len, ", ...] is required");
-  const double fill =
-      spliced.is_floating_point() ? 0.0 : static_cast<double>(pad_.pad_token_id);
+    raise("spliced", "has shape ", detail::shape_of(spliced), " but [", mb.rows, ", ", l.seq_len,
+          ", ...] is required");
+  const double fill = spliced.is_floating_point() ? 0.0 : static_cast<double>(pad_.pad_token_id);
   if (!spliced.is_floating_point()) return detail::take_padded(spliced, l, fill);  // ids
   return CutSpliced::apply(spliced, l.begin, l.local_len, l.seq_len, fill);
 }
@@ -128,8 +127,8 @@ at::Tensor Sharder::cu_seqlens_padded(int index) const {
   return mb.cu_padded;
 }
 
-Sharder prepare_cp_inputs_for(const CPBatch& batch, int cp_size, int num_chunks,
-                              bool shard_primary, const PadOptions& pad) {
+Sharder prepare_cp_inputs_for(const CPBatch& batch, int cp_size, int num_chunks, bool shard_primary,
+                              const PadOptions& pad) {
   auto microbatches = detail::bshd_microbatches(batch, cp_size, num_chunks, pad);
   return Sharder(batch, nullptr, cp_size, num_chunks, shard_primary, pad, std::move(microbatches));
 }
@@ -153,8 +152,8 @@ Sharder prepare_cp_inputs(const CPBatch& batch, const MeshPtr& mesh, int num_chu
 Sharder prepare_packed_cp_inputs(const CPBatch& batch, const MeshPtr& mesh, int num_chunks,
                                  bool shard_primary, const PadOptions& pad) {
   if (batch.qkv_format != "thd")
-    raise("qkv_format", "prepare_packed_cp_inputs takes \"thd\" batches, got \"",
-          batch.qkv_format, "\"");
+    raise("qkv_format", "prepare_packed_cp_inputs takes \"thd\" batches, got \"", batch.qkv_format,
+          "\"");
   auto microbatches = detail::thd_microbatches(batch, cp_size(mesh), num_chunks, pad);
   return Sharder(batch, mesh, cp_size(mesh), num_chunks, shard_primary, pad,
                  std::move(microbatches));

@@ -33,8 +33,8 @@ void fill_thd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const
 void check_common(const CPBatch& batch, int cp_size, int num_chunks, const PadOptions& pad);
 std::vector<Sharder::Microbatch> bshd_microbatches(const CPBatch& batch, int cp_size,
                                                    int num_chunks, const PadOptions& pad);
-std::vector<Sharder::Microbatch> thd_microbatches(const CPBatch& batch, int cp_size,
-                                                  int num_chunks, const PadOptions& pad);
+std::vector<Sharder::Microbatch> thd_microbatches(const CPBatch& batch, int cp_size, int num_chunks,
+                                                  const PadOptions& pad);
 
 }  // namespace detail
 }  // namespace cpkit

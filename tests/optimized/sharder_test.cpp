@@ -19,7 +19,9 @@ at::Tensor flags(const std::string& bits) {
 
 void expect_equal(const at::Tensor& actual, const at::Tensor& expected, const char* what) {
   EXPECT_TRUE(actual.sizes() == expected.sizes() && at::equal(actual, expected))
-      << what << "\nactual:\n" << actual << "\nexpected:\n" << expected;
+      << what << "\nactual:\n"
+      << actual << "\nexpected:\n"
+      << expected;
 }
 
 CPBatch hand_bshd() {
@@ -82,7 +84,7 @@ TEST(OptimizedSharder, PositionsAndMaskFromTheGlobalRow) {
   const Sharder s = prepare_cp_inputs_for(b, 4, /*num_chunks=*/2, true, {.pad_multiple = 2});
   EXPECT_EQ(s.num_microbatches(), 2);
   EXPECT_EQ(s.layout(0, 0).padded_len, 8);  // multiple of CP * pad_multiple = 8
-  const LocalShard last = s.local(0, 2);   // global columns 4, 5
+  const LocalShard last = s.local(0, 2);    // global columns 4, 5
   expect_equal(last.position_ids, ints({44, 45}), "positions continue past the end");
   expect_equal(last.padding, flags("01"), "right padding");
   const LocalShard first_mb1 = s.local(1, 0);

@@ -10,6 +10,7 @@ namespace cpkit::kernels {
 void cross_entropy_cpu(const CrossEntropyArgs& a) {
   // Rows are independent and each is written by one thread: results do not depend on the
   // thread count.
+  const float scale = *a.count > 0 ? static_cast<float>(a.cp) / static_cast<float>(*a.count) : 0.0f;
   const std::int64_t grain = std::max<std::int64_t>(1, 32768 / std::max<std::int64_t>(1, a.vocab));
   at::parallel_for(0, a.rows, grain, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t row = begin; row < end; ++row) {
@@ -25,7 +26,7 @@ void cross_entropy_cpu(const CrossEntropyArgs& a) {
       for (std::int64_t i = 0; i < a.vocab; ++i) online_add(s, capped(z[i], a.softcap));
       const float lse = log_sum_exp(s);
       for (std::int64_t i = 0; i < a.vocab; ++i)
-        g[i] = cross_entropy_grad(z[i], i == target, lse, a.softcap, a.scale);
+        g[i] = cross_entropy_grad(z[i], i == target, lse, a.softcap, scale);
       a.row_loss[row] = lse - capped(z[target], a.softcap);
     }
   });

@@ -1,5 +1,5 @@
 // Raw-pointer entry points of the fused cross-entropy kernels (plain C++ header, safe for
-// nvcc): loss per row and d(scale * CE)/d logits in one kernel.
+// nvcc): loss per row and d(scale * CE)/d logits in one kernel, scale = CP / N.
 #pragma once
 
 #include <cstdint>
@@ -11,10 +11,12 @@ struct CrossEntropyArgs {
   const std::int64_t* targets;  // [rows], kNoTarget = no target
   std::int64_t rows;
   std::int64_t vocab;
-  float softcap;    // <= 0: off
-  float scale;      // CP / N
-  float* grad;      // [rows, vocab]
-  float* row_loss;  // [rows], unscaled CE, 0 where no target
+  float softcap;              // <= 0: off
+  int cp;                     // CP size
+  const std::int64_t* count;  // N, the global target count, on the kernel's device; the
+                              // kernel forms CP / N itself (no host synchronisation)
+  float* grad;                // [rows, vocab]
+  float* row_loss;            // [rows], unscaled CE, 0 where no target
 };
 
 void cross_entropy_cpu(const CrossEntropyArgs& args);

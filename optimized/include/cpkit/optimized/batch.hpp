@@ -14,12 +14,12 @@ struct CPBatch {
   // Exactly one of input_ids [B, S] int64 / inputs_embeds [B, S, H] floating.
   at::Tensor input_ids;
   at::Tensor inputs_embeds;
-  at::Tensor labels;          // [B, S] int64, unshifted, -100 = ignore
-  at::Tensor position_ids;    // optional [B, S] int64 (BSHD)
-  at::Tensor attention_mask;  // optional [B, S], 1 keep, 0 padding (BSHD)
-  at::Tensor seq_lens;        // THD: [num_chunks, D] int64, ragged rows end in -1000
-  at::Tensor seq_lens_padded; // THD: [num_chunks, D] int64 slot lengths
-  std::vector<at::Tensor> images;  // complete [C, H, W] images, never sharded
+  at::Tensor labels;                // [B, S] int64, unshifted, -100 = ignore
+  at::Tensor position_ids;          // optional [B, S] int64 (BSHD)
+  at::Tensor attention_mask;        // optional [B, S], 1 keep, 0 padding (BSHD)
+  at::Tensor seq_lens;              // THD: [num_chunks, D] int64, ragged rows end in -1000
+  at::Tensor seq_lens_padded;       // THD: [num_chunks, D] int64 slot lengths
+  std::vector<at::Tensor> images;   // complete [C, H, W] images, never sharded
   std::string qkv_format = "bshd";  // "bshd" or "thd"
 
   // Keys: input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens,
