@@ -3,7 +3,9 @@
 #include <ATen/Parallel.h>
 
 #include "cpkit/optimized/error.hpp"
+#include "cuda_glue.hpp"
 #include "kernels/packed_layout.hpp"
+#include "kernels/packed_layout_launch.hpp"
 #include "sharder_internal.hpp"
 #include "tensor_checks.hpp"
 
@@ -94,18 +96,19 @@ std::vector<Sharder::Microbatch> thd_microbatches(const CPBatch& batch, int cp_s
   return out;
 }
 
-void fill_thd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const Layout& l,
-                      LocalShard& shard) {
-  const auto cpu_long = at::TensorOptions().dtype(at::kLong);
-  at::Tensor documents = at::empty({1, l.local_len}, cpu_long);
-  at::Tensor positions = at::empty({1, l.local_len}, cpu_long);
-  at::Tensor padding = at::empty({1, l.local_len}, at::kBool);
+namespace {
+
+// document, position, padding of tokens [l.begin, l.end) on the host.
+void packed_layout_cpu(const Sharder::Microbatch& mb, const Layout& l, LocalShard& shard) {
+  shard.document_ids = at::empty({1, l.local_len}, at::kLong);
+  shard.position_ids = at::empty({1, l.local_len}, at::kLong);
+  shard.padding = at::empty({1, l.local_len}, at::kBool);
   const int64_t* cu = mb.cu_padded.data_ptr<int64_t>();
   const int64_t* lens = mb.lens.data_ptr<int64_t>();
   const int64_t docs = mb.lens.numel();
-  int64_t* doc_out = documents.data_ptr<int64_t>();
-  int64_t* pos_out = positions.data_ptr<int64_t>();
-  bool* pad_out = padding.data_ptr<bool>();
+  int64_t* doc_out = shard.document_ids.data_ptr<int64_t>();
+  int64_t* pos_out = shard.position_ids.data_ptr<int64_t>();
+  bool* pad_out = shard.padding.data_ptr<bool>();
   at::parallel_for(0, l.local_len, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
       const kernels::PackedToken tok = kernels::packed_token(l.begin + j, cu, lens, docs);
@@ -114,10 +117,46 @@ void fill_thd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const
       pad_out[j] = tok.padding;
     }
   });
+}
+
+#if CPKIT_WITH_CUDA
+// The same on the GPU: only the document offsets travel to the device.
+void packed_layout_device(const Sharder::Microbatch& mb, const Layout& l, at::Device device,
+                          LocalShard& shard) {
+  const auto on_device = at::TensorOptions().device(device);
+  const at::Tensor cu = mb.cu_padded.to(device);
+  const at::Tensor lens = mb.lens.to(device);
+  shard.document_ids = at::empty({1, l.local_len}, on_device.dtype(at::kLong));
+  shard.position_ids = at::empty({1, l.local_len}, on_device.dtype(at::kLong));
+  shard.padding = at::empty({1, l.local_len}, on_device.dtype(at::kBool));
+  kernels::PackedLayoutArgs args{cu.data_ptr<int64_t>(),
+                                 lens.data_ptr<int64_t>(),
+                                 lens.numel(),
+                                 l.begin,
+                                 l.local_len,
+                                 shard.document_ids.data_ptr<int64_t>(),
+                                 shard.position_ids.data_ptr<int64_t>(),
+                                 shard.padding.data_ptr<bool>()};
+  kernels::packed_layout_cuda(args, current_stream(shard.document_ids));
+}
+#endif
+
+}  // namespace
+
+void fill_thd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const Layout& l,
+                      LocalShard& shard) {
   const auto device = batch.labels.device();
-  shard.document_ids = documents.to(device);
-  shard.position_ids = positions.to(device);
-  shard.padding = padding.to(device);
+#if CPKIT_WITH_CUDA
+  if (device.is_cuda())
+    packed_layout_device(mb, l, device, shard);
+  else
+    packed_layout_cpu(mb, l, shard);
+#else
+  packed_layout_cpu(mb, l, shard);
+  shard.document_ids = shard.document_ids.to(device);
+  shard.position_ids = shard.position_ids.to(device);
+  shard.padding = shard.padding.to(device);
+#endif
   const at::Tensor labels = take_padded(batch.labels.narrow(0, mb.first_row, 1), l, -100);
   shard.labels = at::where(shard.padding, at::full({}, -100, labels.options()), labels);
   // A document's first token is predicted by nothing in that document.

@@ -1,0 +1,129 @@
+// CUDA kernels against the CPU path (which shares their arithmetic) and LibTorch.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <unistd.h>
+
+#include "cpkit/optimized/nccl_mesh.hpp"
+#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/sharder.hpp"
+
+namespace cpkit {
+namespace {
+
+const at::Device kCuda(at::kCUDA, 0);
+
+struct LossCase {
+  int64_t B, L, V;
+  double softcap;
+};
+
+class CudaLossTest : public ::testing::TestWithParam<LossCase> {};
+
+TEST_P(CudaLossTest, MatchesCpuPathAndTorch) {
+  const LossCase c = GetParam();
+  at::manual_seed(11);
+  const at::Tensor logits_cpu = at::randn({c.B, c.L, c.V}) * 4;
+  at::Tensor labels = at::randint(0, c.V, {c.B, c.L}, at::kLong);
+  labels.masked_fill_(at::rand({c.B, c.L}) < 0.1, -100);
+  const at::Tensor valid = (labels != -100).flatten();
+
+  const at::Tensor a = logits_cpu.clone().requires_grad_(true);
+  const at::Tensor cpu_loss = shifted_cp_loss(a, labels, valid, nullptr, {.softcap = c.softcap});
+  cpu_loss.backward();
+
+  const at::Tensor b = logits_cpu.to(kCuda).requires_grad_(true);
+  const at::Tensor gpu_loss =
+      shifted_cp_loss(b, labels.to(kCuda), valid.to(kCuda), nullptr, {.softcap = c.softcap});
+  gpu_loss.backward();
+  EXPECT_NEAR(gpu_loss.item<float>(), cpu_loss.item<float>(), 1e-5 * (1 + cpu_loss.item<float>()));
+  EXPECT_TRUE(at::allclose(b.grad().cpu(), a.grad(), 1e-5, 1e-8));
+
+  if (c.softcap == 0) {  // LibTorch's own composite on the GPU
+    const at::Tensor t = logits_cpu.to(kCuda).requires_grad_(true);
+    const at::Tensor shifted = t.narrow(1, 0, c.L - 1).reshape({-1, c.V});
+    const at::Tensor targets = labels.to(kCuda).narrow(1, 1, c.L - 1).reshape({-1});
+    const at::Tensor ref = at::cross_entropy_loss(shifted, targets, {}, at::Reduction::Mean, -100);
+    EXPECT_NEAR(gpu_loss.item<float>(), ref.item<float>(), 1e-4 * (1 + ref.item<float>()));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaLossTest,
+                         ::testing::Values(LossCase{2, 33, 128, 0}, LossCase{1, 17, 1001, 0},
+                                           LossCase{3, 8, 32000, 30.0},
+                                           LossCase{1, 64, 131072, 0}));
+
+CPBatch packed_batch(at::Device device) {
+  CPBatch b;
+  b.qkv_format = "thd";
+  b.input_ids = at::arange(100, 137, at::kLong).unsqueeze(0).to(device);
+  b.labels = b.input_ids.clone();
+  b.seq_lens = at::tensor(std::vector<int64_t>{7, 0, 11, 3, 9}, at::kLong).unsqueeze(0);
+  b.seq_lens_padded = at::tensor(std::vector<int64_t>{8, 0, 12, 4, 10}, at::kLong).unsqueeze(0);
+  return b;
+}
+
+TEST(CudaSharder, PackedShardsEqualCpuShards) {
+  const Sharder cpu = prepare_packed_cp_inputs_for(packed_batch(at::kCPU), 4, 1);
+  const Sharder gpu = prepare_packed_cp_inputs_for(packed_batch(kCuda), 4, 1);
+  for (int r = 0; r < 4; ++r) {
+    const LocalShard x = cpu.local(0, r), y = gpu.local(0, r);
+    EXPECT_TRUE(y.document_ids.is_cuda());
+    EXPECT_TRUE(at::equal(y.document_ids.cpu(), x.document_ids)) << "rank " << r;
+    EXPECT_TRUE(at::equal(y.position_ids.cpu(), x.position_ids)) << "rank " << r;
+    EXPECT_TRUE(at::equal(y.padding.cpu(), x.padding)) << "rank " << r;
+    EXPECT_TRUE(at::equal(y.valid.cpu(), x.valid)) << "rank " << r;
+    EXPECT_TRUE(at::equal(y.input_ids.cpu(), x.input_ids)) << "rank " << r;
+  }
+}
+
+TEST(CudaSharder, BshdShardsEqualCpuShards) {
+  CPBatch b;
+  at::manual_seed(2);
+  b.inputs_embeds = at::randn({4, 37, 64});
+  b.labels = at::randint(0, 50, {4, 37}, at::kLong);
+  b.attention_mask = (at::rand({4, 37}) > 0.2).to(at::kLong);
+  CPBatch g = b;
+  g.inputs_embeds = b.inputs_embeds.to(kCuda);
+  g.labels = b.labels.to(kCuda);
+  g.attention_mask = b.attention_mask.to(kCuda);
+  const Sharder cpu = prepare_cp_inputs_for(b, 4, 2);
+  const Sharder gpu = prepare_cp_inputs_for(g, 4, 2);
+  for (int m = 0; m < 2; ++m)
+    for (int r = 0; r < 4; ++r) {
+      const LocalShard x = cpu.local(m, r), y = gpu.local(m, r);
+      EXPECT_TRUE(at::equal(y.inputs_embeds.cpu(), x.inputs_embeds));
+      EXPECT_TRUE(at::equal(y.labels.cpu(), x.labels));
+      EXPECT_TRUE(at::equal(y.valid.cpu(), x.valid));
+      EXPECT_TRUE(at::equal(y.position_ids.cpu(), x.position_ids));
+    }
+}
+
+TEST(NcclMesh, CollectivesAtCpOne) {
+  const std::string store = "/tmp/cpkit-nccl-" + std::to_string(getpid());
+  const MeshPtr mesh = make_nccl_mesh_from_store(store, 0, 1, 0);
+  ASSERT_EQ(mesh->size(), 1);
+  EXPECT_STREQ(mesh->backend(), "nccl");
+  const at::Tensor x = at::arange(12, at::TensorOptions().dtype(at::kFloat).device(kCuda));
+  at::Tensor y = at::empty_like(x);
+  mesh->all_gather(x.data_ptr(), y.data_ptr(), 12, ScalarKind::kFloat32);
+  EXPECT_TRUE(at::equal(y.cpu(), x.cpu()));
+  at::Tensor z = at::empty_like(x);
+  mesh->reduce_scatter_sum(x.data_ptr(), z.data_ptr(), 12, ScalarKind::kFloat32);
+  EXPECT_TRUE(at::equal(z.cpu(), x.cpu()));
+  at::Tensor s = x.clone();
+  mesh->all_reduce_sum(s.data_ptr(), 12, ScalarKind::kFloat32);
+  EXPECT_TRUE(at::equal(s.cpu(), x.cpu()));
+  // The loss over an NCCL mesh of one rank equals the mesh-less loss.
+  at::manual_seed(4);
+  const at::Tensor logits = at::randn({2, 9, 40}, at::TensorOptions().device(kCuda));
+  const at::Tensor labels = at::randint(0, 40, {2, 9}, at::TensorOptions().dtype(at::kLong).device(kCuda));
+  const at::Tensor valid = at::ones({18}, at::TensorOptions().dtype(at::kBool).device(kCuda));
+  EXPECT_NEAR(shifted_cp_loss(logits, labels, valid, mesh).item<float>(),
+              shifted_cp_loss(logits, labels, valid, nullptr).item<float>(), 1e-6);
+  unlink(store.c_str());
+}
+
+}  // namespace
+}  // namespace cpkit
