@@ -34,7 +34,13 @@ struct DemoResult {
 };
 
 reference::PackedBatch make_demo_batch(const DemoOptions& options);
+// Logits [T_pad, V] of the whole padded row, so every rank and the single device agree.
+reference::FloatMatrix make_demo_logits(const DemoOptions& options, Eigen::Index padded_len);
 DemoResult run_reference(const DemoOptions& options);
+// The same batch through cpkit's optimized path in `cp` real rank processes over Gloo.
+DemoResult run_optimized(const DemoOptions& options);
+// Shards equal and losses within FP32 tolerance; prints what differs.
+bool same_result(const DemoResult& optimized, const DemoResult& reference, std::ostream& os);
 void print_report(const DemoOptions& options, const reference::PackedBatch& batch,
                   const DemoResult& result, std::ostream& os);
 

@@ -29,17 +29,20 @@ reference::PackedBatch make_demo_batch(const DemoOptions& o) {
   return batch;
 }
 
+reference::FloatMatrix make_demo_logits(const DemoOptions& o, Eigen::Index padded_len) {
+  std::mt19937_64 rng(o.seed + 1);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  reference::FloatMatrix logits(padded_len, o.vocab);
+  for (Eigen::Index i = 0; i < logits.size(); ++i) logits.data()[i] = normal(rng);
+  return logits;
+}
+
 DemoResult run_reference(const DemoOptions& o) {
   using namespace reference;
   const PackedBatch batch = make_demo_batch(o);
   const Sharder sharder = prepare_packed_cp_inputs(batch, {.cp_size = o.cp});
   const GlobalStreams& g = sharder.global(0);
-
-  // Logits of the whole padded row, so every rank and the single device see the same ones.
-  std::mt19937_64 rng(o.seed + 1);
-  std::normal_distribution<float> normal(0.0f, 2.0f);
-  FloatMatrix logits(g.padded_len, o.vocab);
-  for (Eigen::Index i = 0; i < logits.size(); ++i) logits.data()[i] = normal(rng);
+  const FloatMatrix logits = make_demo_logits(o, g.padded_len);
 
   DemoResult result;
   std::vector<FloatMatrix> local_logits;
@@ -74,15 +77,23 @@ int main(int argc, char** argv) {
       print_help(std::cout);
       return 0;
     }
-    const DemoResult result = run_reference(options);
+    const DemoResult result =
+        options.impl == "optimized" ? run_optimized(options) : run_reference(options);
     print_report(options, make_demo_batch(options), result, std::cout);
-    const double tolerance = 1e-9 * (1 + std::abs(result.single_device));
+    bool ok = true;
+    if (options.impl == "optimized") {
+      std::cout << "\noptimized vs reference:\n";
+      ok = same_result(result, run_reference(options), std::cout);
+    }
+    // The reference works in double; the optimized path in FP32 (docs/spec.md, tolerances).
+    const double tolerance =
+        (options.impl == "optimized" ? 1e-5 : 1e-9) * (1 + std::abs(result.single_device));
     if (!(std::abs(result.combined - result.single_device) <= tolerance)) {
       std::cerr << "cpkit-demo: CP loss differs from the single-device loss by more than "
                 << tolerance << "\n";
       return 1;
     }
-    return 0;
+    return ok ? 0 : 1;
   } catch (const std::exception& e) {
     std::cerr << "cpkit-demo: " << e.what() << "\n";
     return 2;

@@ -38,7 +38,9 @@ void print_help(std::ostream& os) {
         "  --tail N           row-tail padding tokens after the last slot (default 3)\n"
         "  --vocab N          vocabulary size, >= 2 (default 32)\n"
         "  --seed N           seed for ids and logits (default 1)\n"
-        "  --impl NAME        reference (the Eigen oracle; default)\n"
+        "  --impl NAME        reference (the Eigen oracle; default) or optimized (LibTorch\n"
+        "                     path in --cp real rank processes over Gloo, compared with the\n"
+        "                     reference)\n"
         "  --help             this text\n";
 }
 
@@ -69,9 +71,9 @@ DemoOptions parse_options(int argc, char** argv) {
     } else if (flag == "--seed") {
       o.seed = static_cast<std::uint64_t>(parse_int(flag, value, 0));
     } else if (flag == "--impl") {
-      if (value != "reference")
+      if (value != "reference" && value != "optimized")
         throw std::invalid_argument(flag + ": unknown implementation '" + value +
-                                    "' (available: reference)");
+                                    "' (available: reference, optimized)");
       o.impl = value;
     } else {
       throw std::invalid_argument("unknown flag '" + flag + "' (see --help)");

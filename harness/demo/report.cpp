@@ -35,13 +35,33 @@ void print_report(const DemoOptions& options, const reference::PackedBatch& batc
     print_row(os, "padding", s.padding.row(0).cast<int>());
     print_row(os, "valid", s.valid.cast<int>().transpose());
     const auto& loss = result.losses[r];
-    os << "  loss " << std::setprecision(9) << loss.value << " over " << loss.local_targets
-       << " of " << loss.global_targets << " targets\n\n";
+    os << "  loss " << std::setprecision(9) << loss.value;
+    if (loss.global_targets >= 0)
+      os << " over " << loss.local_targets << " of " << loss.global_targets << " targets";
+    os << "\n\n";
   }
   const double diff = result.combined - result.single_device;
   os << std::setprecision(12) << "combined loss (mean over ranks): " << result.combined << "\n"
      << "single-device loss:              " << result.single_device << "\n"
      << "difference:                      " << std::setprecision(3) << diff << "\n";
+}
+
+bool same_result(const DemoResult& optimized, const DemoResult& reference, std::ostream& os) {
+  bool ok = true;
+  for (std::size_t r = 0; r < reference.shards.size(); ++r) {
+    const auto& a = optimized.shards[r];
+    const auto& b = reference.shards[r];
+    const bool shards_equal =
+        *a.input_ids == *b.input_ids && a.labels == b.labels && a.position_ids == b.position_ids &&
+        a.document_ids == b.document_ids && a.padding == b.padding && a.valid == b.valid;
+    const double diff = optimized.losses[r].value - reference.losses[r].value;
+    const bool loss_close = std::abs(diff) <= 1e-5 * (1 + std::abs(reference.losses[r].value));
+    os << "  rank " << r << ": shards " << (shards_equal ? "identical" : "DIFFER")
+       << ", loss difference " << std::setprecision(3) << diff << (loss_close ? "" : " (too large)")
+       << "\n";
+    ok = ok && shards_equal && loss_close;
+  }
+  return ok;
 }
 
 }  // namespace cpkit::demo

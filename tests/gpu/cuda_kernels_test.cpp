@@ -118,7 +118,8 @@ TEST(NcclMesh, CollectivesAtCpOne) {
   // The loss over an NCCL mesh of one rank equals the mesh-less loss.
   at::manual_seed(4);
   const at::Tensor logits = at::randn({2, 9, 40}, at::TensorOptions().device(kCuda));
-  const at::Tensor labels = at::randint(0, 40, {2, 9}, at::TensorOptions().dtype(at::kLong).device(kCuda));
+  const at::Tensor labels =
+      at::randint(0, 40, {2, 9}, at::TensorOptions().dtype(at::kLong).device(kCuda));
   const at::Tensor valid = at::ones({18}, at::TensorOptions().dtype(at::kBool).device(kCuda));
   EXPECT_NEAR(shifted_cp_loss(logits, labels, valid, mesh).item<float>(),
               shifted_cp_loss(logits, labels, valid, nullptr).item<float>(), 1e-6);

@@ -5,7 +5,7 @@
 
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/ops.hpp"
-#include "rank_processes.hpp"
+#include "rank_expectations.hpp"
 
 namespace cpkit {
 namespace {

@@ -4,7 +4,7 @@
 
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/ops.hpp"
-#include "rank_processes.hpp"
+#include "rank_expectations.hpp"
 
 namespace cpkit {
 namespace {

@@ -58,8 +58,7 @@ class NcclCommunicator final : public Communicator {
     check(ncclAllReduce(data, data, count, nccl_type(kind), ncclSum, comm_, stream()),
           "all-reduce");
   }
-  void shift_from_next(const void* send, void* recv, std::size_t count,
-                       ScalarKind kind) override {
+  void shift_from_next(const void* send, void* recv, std::size_t count, ScalarKind kind) override {
     check(ncclGroupStart(), "group start");
     if (rank_ + 1 < size_)
       check(ncclRecv(recv, count, nccl_type(kind), rank_ + 1, comm_, stream()), "recv");
@@ -98,7 +97,8 @@ MeshPtr nccl_mesh_from_id(const std::vector<char>& id_bytes, int rank, int size,
                           std::function<void*()> stream) {
   ncclUniqueId id;
   if (id_bytes.size() != sizeof(id.internal))
-    raise("store", "NCCL unique id has ", id_bytes.size(), " bytes, expected ", sizeof(id.internal));
+    raise("store", "NCCL unique id has ", id_bytes.size(), " bytes, expected ",
+          sizeof(id.internal));
   std::copy(id_bytes.begin(), id_bytes.end(), id.internal);
   if (cudaSetDevice(device) != cudaSuccess) raise("device", "cudaSetDevice(", device, ") failed");
   ncclComm_t comm = nullptr;

@@ -20,11 +20,9 @@ MeshPtr make_nccl_mesh_from_store(const std::string& store_path, int rank, int s
   }
   const std::vector<uint8_t> bytes = store->get(key);
   const auto index = static_cast<c10::DeviceIndex>(device);
-  return detail::nccl_mesh_from_id(std::vector<char>(bytes.begin(), bytes.end()), rank, size,
-                                   device, [index] {
-                                     return static_cast<void*>(
-                                         c10::cuda::getCurrentCUDAStream(index).stream());
-                                   });
+  return detail::nccl_mesh_from_id(
+      std::vector<char>(bytes.begin(), bytes.end()), rank, size, device,
+      [index] { return static_cast<void*>(c10::cuda::getCurrentCUDAStream(index).stream()); });
 }
 
 }  // namespace cpkit

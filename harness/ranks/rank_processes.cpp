@@ -1,6 +1,5 @@
 #include "rank_processes.hpp"
 
-#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,7 +12,7 @@
 
 #include "cpkit/optimized/process_group.hpp"
 
-namespace cpkit::testing {
+namespace cpkit::ranks {
 
 namespace {
 
@@ -41,13 +40,13 @@ std::string rank_file(const std::string& dir, int rank) {
   return dir + "/rank" + std::to_string(rank) + ".txt";
 }
 
-[[noreturn]] void run_child(int rank, int world, const std::string& dir, const RankBody& body,
-                            std::chrono::milliseconds timeout) {
+[[noreturn]] void run_child(int rank, int world, const std::string& dir,
+                            const CollectingRankBody& body, std::chrono::milliseconds timeout) {
   std::string message;
   int code = 0;
   try {
     const MeshPtr mesh = make_gloo_mesh(dir + "/store", rank, world, timeout);
-    body(rank, mesh);
+    message = body(rank, mesh);  // on success the file holds the output
   } catch (const std::exception& e) {
     message = e.what();
     code = 1;
@@ -64,6 +63,18 @@ std::string rank_file(const std::string& dir, int rank) {
 
 std::vector<RankOutcome> run_ranks(int world, const RankBody& body, std::chrono::milliseconds limit,
                                    std::chrono::milliseconds collective_timeout) {
+  return run_ranks_collect(
+      world,
+      [&body](int rank, const MeshPtr& mesh) {
+        body(rank, mesh);
+        return std::string();
+      },
+      limit, collective_timeout);
+}
+
+std::vector<RankOutcome> run_ranks_collect(int world, const CollectingRankBody& body,
+                                           std::chrono::milliseconds limit,
+                                           std::chrono::milliseconds collective_timeout) {
   const std::string dir = make_run_dir();
   std::vector<pid_t> pids;
   for (int rank = 0; rank < world; ++rank) {
@@ -88,7 +99,7 @@ std::vector<RankOutcome> run_ranks(int world, const RankBody& body, std::chrono:
       std::ifstream in(rank_file(dir, rank));
       std::stringstream text;
       text << in.rdbuf();
-      o.message = text.str();
+      (o.ok ? o.output : o.message) = text.str();
       if (WIFSIGNALED(status))
         o.message += " (killed by signal " + std::to_string(WTERMSIG(status)) + ")";
     }
@@ -97,7 +108,7 @@ std::vector<RankOutcome> run_ranks(int world, const RankBody& body, std::chrono:
         if (!done[rank]) {
           kill(pids[rank], SIGKILL);
           waitpid(pids[rank], nullptr, 0);
-          outcomes[rank] = {rank, false, "still running after the test's time limit: killed"};
+          outcomes[rank] = {rank, false, "still running after the test's time limit: killed", ""};
           done[rank] = true;
         }
       remaining = 0;
@@ -106,11 +117,6 @@ std::vector<RankOutcome> run_ranks(int world, const RankBody& body, std::chrono:
   }
   remove_run_dir(dir);
   return outcomes;
-}
-
-void expect_all_ranks_ok(const std::vector<RankOutcome>& outcomes) {
-  for (const auto& o : outcomes)
-    EXPECT_TRUE(o.ok) << "rank " << o.rank << " of " << outcomes.size() << ": " << o.message;
 }
 
 void require(bool condition, const std::string& what) {
@@ -137,4 +143,4 @@ void require_equal(const at::Tensor& actual, const at::Tensor& expected, const s
           what + ": tensors differ");
 }
 
-}  // namespace cpkit::testing
+}  // namespace cpkit::ranks

@@ -1,0 +1,109 @@
+// cpkit-demo --impl optimized: the demo batch through prepare_packed_cp_inputs and
+// shifted_cp_loss in real rank processes; each rank sends its shard back as text.
+#include <ATen/ATen.h>
+
+#include <sstream>
+
+#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/sharder.hpp"
+#include "demo.hpp"
+#include "rank_processes.hpp"
+
+namespace cpkit::demo {
+
+namespace {
+
+at::Tensor to_tensor(const reference::IntMatrix& m) {
+  return at::from_blob(const_cast<std::int64_t*>(m.data()), {m.rows(), m.cols()}, at::kLong).clone();
+}
+
+// One line per stream: name then the values of the shard's single row.
+std::string serialise(const LocalShard& s, float loss) {
+  std::ostringstream os;
+  os << s.layout.begin << " " << s.layout.end << " " << s.layout.padded_len << " "
+     << s.layout.seq_len << " " << s.layout.local_len << "\n";
+  for (const at::Tensor& t : {s.input_ids, s.labels, s.position_ids, s.document_ids,
+                              s.padding.to(at::kLong), s.valid.to(at::kLong)}) {
+    const at::Tensor row = t.flatten().contiguous();
+    for (int64_t i = 0; i < row.numel(); ++i) os << row[i].item<int64_t>() << " ";
+    os << "\n";
+  }
+  os.precision(9);
+  os << loss << "\n";
+  return os.str();
+}
+
+void parse(const std::string& text, reference::LocalShard& shard, double& loss) {
+  std::istringstream in(text);
+  auto& l = shard.layout;
+  in >> l.begin >> l.end >> l.padded_len >> l.seq_len >> l.local_len;
+  auto read_row = [&](auto& m) {
+    m.resize(1, l.local_len);
+    for (Eigen::Index j = 0; j < l.local_len; ++j) {
+      std::int64_t v = 0;
+      in >> v;
+      m(0, j) = static_cast<typename std::decay_t<decltype(m)>::Scalar>(v);
+    }
+  };
+  reference::IntMatrix ids, labels, positions, documents;
+  reference::BoolMatrix padding, valid;
+  read_row(ids);
+  read_row(labels);
+  read_row(positions);
+  read_row(documents);
+  read_row(padding);
+  read_row(valid);
+  shard.input_ids = ids;
+  shard.labels = labels;
+  shard.position_ids = positions;
+  shard.document_ids = documents;
+  shard.padding = padding;
+  shard.valid = valid.transpose();
+  in >> loss;
+}
+
+}  // namespace
+
+DemoResult run_optimized(const DemoOptions& o) {
+  const reference::PackedBatch packed = make_demo_batch(o);
+  CPBatch batch;
+  batch.qkv_format = "thd";
+  batch.input_ids = to_tensor(*packed.input_ids);
+  batch.labels = to_tensor(packed.labels);
+  batch.seq_lens = to_tensor(packed.seq_lens);
+  batch.seq_lens_padded = to_tensor(packed.seq_lens_padded);
+  const std::int64_t T = packed.labels.cols();
+  const std::int64_t T_pad = (T + o.cp - 1) / o.cp * o.cp;
+  const reference::FloatMatrix logits_matrix = make_demo_logits(o, T_pad);
+  const at::Tensor logits =
+      at::from_blob(const_cast<float*>(logits_matrix.data()), {1, T_pad, o.vocab}, at::kFloat)
+          .clone();
+
+  const auto outcomes = ranks::run_ranks_collect(o.cp, [&](int rank, const MeshPtr& mesh) {
+    const Sharder sharder = prepare_packed_cp_inputs(batch, mesh, /*num_chunks=*/1);
+    const LocalShard shard = sharder.local(0);
+    const at::Tensor local_logits =
+        logits.narrow(1, shard.layout.begin, shard.layout.local_len).contiguous();
+    const at::Tensor loss = shifted_cp_loss(local_logits, shard.labels, shard.valid, mesh);
+    (void)rank;
+    return serialise(shard, loss.item<float>());
+  });
+
+  DemoResult result;
+  for (const auto& outcome : outcomes) {
+    if (!outcome.ok)
+      throw std::runtime_error("rank " + std::to_string(outcome.rank) + " failed: " +
+                               outcome.message);
+    reference::LocalShard shard;
+    reference::RankLoss loss;
+    parse(outcome.output, shard, loss.value);
+    loss.local_targets = loss.global_targets = -1;  // not reported by the optimized path
+    result.shards.push_back(shard);
+    result.losses.push_back(loss);
+    result.combined += loss.value / o.cp;
+  }
+  result.single_device = run_reference(o).single_device;
+  return result;
+}
+
+}  // namespace cpkit::demo
