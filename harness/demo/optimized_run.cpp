@@ -14,7 +14,8 @@ namespace cpkit::demo {
 namespace {
 
 at::Tensor to_tensor(const reference::IntMatrix& m) {
-  return at::from_blob(const_cast<std::int64_t*>(m.data()), {m.rows(), m.cols()}, at::kLong).clone();
+  return at::from_blob(const_cast<std::int64_t*>(m.data()), {m.rows(), m.cols()}, at::kLong)
+      .clone();
 }
 
 // One line per stream: name then the values of the shard's single row.
@@ -92,8 +93,8 @@ DemoResult run_optimized(const DemoOptions& o) {
   DemoResult result;
   for (const auto& outcome : outcomes) {
     if (!outcome.ok)
-      throw std::runtime_error("rank " + std::to_string(outcome.rank) + " failed: " +
-                               outcome.message);
+      throw std::runtime_error("rank " + std::to_string(outcome.rank) +
+                               " failed: " + outcome.message);
     reference::LocalShard shard;
     reference::RankLoss loss;
     parse(outcome.output, shard, loss.value);
