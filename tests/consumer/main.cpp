@@ -34,7 +34,8 @@ int main() {
   }
   const at::Tensor logits = at::zeros({1, 4, 16});
   const auto shard = sharder.local(0, 0);
-  const float loss = cpkit::shifted_cp_loss(logits, shard.labels, shard.valid, nullptr).item<float>();
+  const float loss =
+      cpkit::shifted_cp_loss(logits, shard.labels, shard.valid, nullptr).item<float>();
   std::cout << "consumer: installed cpkit works, rank-0 loss " << loss << "\n";
   return 0;
 }

@@ -2,6 +2,8 @@
 // cross_entropy (with autograd) on the whole unsharded batch.
 #include <gtest/gtest.h>
 
+#include <torch/csrc/autograd/autograd.h>
+
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/ops.hpp"
 #include "rank_expectations.hpp"
@@ -126,6 +128,30 @@ TEST(ShiftedLossSoftcap, MatchesCappingBeforeTheLoss) {
   composite.backward();
   EXPECT_NEAR(fused.item<float>(), composite.item<float>(), 1e-5);
   EXPECT_TRUE(at::allclose(fused_grad, raw.grad(), 1e-5, 1e-7));
+}
+
+}  // namespace
+}  // namespace cpkit
+
+namespace cpkit {
+namespace {
+
+// torch::autograd::grad with an upstream gradient: backward scales the saved kernel gradient.
+TEST(ShiftedLossAutograd, GradScalesByIncomingGradient) {
+  at::manual_seed(8);
+  const at::Tensor logits = at::randn({2, 5, 11}).requires_grad_(true);
+  const at::Tensor labels = at::randint(0, 11, {2, 5}, at::kLong);
+  const at::Tensor valid = at::ones({10}, at::kBool);
+  const at::Tensor loss = shifted_cp_loss(logits, labels, valid, nullptr);
+  const auto once = torch::autograd::grad({loss}, {logits}, {at::ones({})}, /*retain_graph=*/true);
+  const auto scaled = torch::autograd::grad({loss}, {logits}, {at::full({}, 2.5)});
+  EXPECT_TRUE(at::allclose(scaled[0], once[0] * 2.5, 1e-6, 0));
+  // And it is the gradient of LibTorch's own composite.
+  const at::Tensor x = logits.detach().requires_grad_(true);
+  const at::Tensor composite = at::cross_entropy_loss(x.narrow(1, 0, 4).reshape({-1, 11}),
+                                                      labels.narrow(1, 1, 4).reshape({-1}));
+  const auto expected = torch::autograd::grad({composite}, {x});
+  EXPECT_TRUE(at::allclose(once[0], expected[0], 1e-5, 1e-7));
 }
 
 }  // namespace

@@ -1,0 +1,133 @@
+// Bad input to the optimized path raises cpkit::Error naming the argument and the values.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <functional>
+
+#include "cpkit/optimized/error.hpp"
+#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/sharder.hpp"
+
+namespace cpkit {
+namespace {
+
+void expect_rejected(const std::function<void()>& call, const std::string& argument,
+                     std::initializer_list<std::string> fragments) {
+  try {
+    call();
+    ADD_FAILURE() << "no error raised; expected one naming '" << argument << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    for (const auto& f : fragments)
+      EXPECT_NE(std::string(e.what()).find(f), std::string::npos)
+          << "message lacks '" << f << "': " << e.what();
+  }
+}
+
+at::Tensor ints(std::vector<int64_t> v) { return at::tensor(v, at::kLong).unsqueeze(0); }
+
+CPBatch packed() {
+  CPBatch b;
+  b.qkv_format = "thd";
+  b.input_ids = ints({1, 2, 3, 4, 5, 6});
+  b.labels = ints({1, 2, 3, 4, 5, 6});
+  b.seq_lens = ints({2, 3, -1000});
+  b.seq_lens_padded = ints({2, 4, -1000});
+  return b;
+}
+
+TEST(BadInputOptimized, GoodInputIsAccepted) {
+  EXPECT_NO_THROW(prepare_packed_cp_inputs_for(packed(), 4, 1));
+}
+
+TEST(BadInputOptimized, LossLogitsNotFloat32) {
+  expect_rejected([] {
+    shifted_cp_loss(at::zeros({1, 3, 4}, at::kDouble), at::zeros({1, 3}, at::kLong),
+                    at::ones({3}, at::kBool), nullptr);
+  }, "logits", {"Float", "Double"});
+}
+
+TEST(BadInputOptimized, LossLogitsNotContiguous) {
+  expect_rejected([] {
+    shifted_cp_loss(at::zeros({1, 4, 3}).transpose(1, 2), at::zeros({1, 3}, at::kLong),
+                    at::ones({3}, at::kBool), nullptr);
+  }, "logits", {"contiguous", "[1, 3, 4]"});
+}
+
+TEST(BadInputOptimized, LossLabelOutsideVocabulary) {
+  expect_rejected([] {
+    shifted_cp_loss(at::zeros({1, 3, 4}), ints({0, 7, 1}), at::ones({3}, at::kBool), nullptr);
+  }, "labels", {"value 7", "[0, 1]", "[0, 4)"});
+}
+
+TEST(BadInputOptimized, LossValidOfWrongLength) {
+  expect_rejected([] {
+    shifted_cp_loss(at::zeros({1, 3, 4}), ints({0, 1, 1}), at::ones({5}, at::kBool), nullptr);
+  }, "valid", {"5 entries", "B * L = 3"});
+}
+
+TEST(BadInputOptimized, LossVocabularyOfOne) {
+  expect_rejected([] {
+    shifted_cp_loss(at::zeros({1, 3, 1}), ints({0, 0, 0}), at::ones({3}, at::kBool), nullptr);
+  }, "logits", {"got 1"});
+}
+
+TEST(BadInputOptimized, LossValidOnIgnoredLabel) {
+  expect_rejected([] {
+    shifted_cp_loss(at::zeros({1, 3, 4}), ints({0, -100, 1}), at::ones({3}, at::kBool), nullptr);
+  }, "valid", {"token 1", "-100"});
+}
+
+TEST(BadInputOptimized, SlotsExceedRow) {
+  CPBatch b = packed();
+  b.seq_lens_padded = ints({3, 4, -1000});
+  expect_rejected([&] { prepare_packed_cp_inputs_for(b, 2, 1); }, "seq_lens_padded",
+                  {"sum to 7", "T = 6"});
+}
+
+TEST(BadInputOptimized, MisplacedSentinel) {
+  CPBatch b = packed();
+  b.seq_lens = ints({-1000, 3, 2});
+  b.seq_lens_padded = ints({-1000, 4, 2});
+  expect_rejected([&] { prepare_packed_cp_inputs_for(b, 2, 1); }, "seq_lens",
+                  {"entry 1", "follows a -1000"});
+}
+
+TEST(BadInputOptimized, NumChunksNotDividingBatch) {
+  CPBatch b;
+  b.input_ids = at::zeros({3, 4}, at::kLong);
+  b.labels = at::zeros({3, 4}, at::kLong);
+  expect_rejected([&] { prepare_cp_inputs_for(b, 2, 2); }, "num_chunks", {"B = 3", "got 2"});
+}
+
+TEST(BadInputOptimized, WrongFormatForTheCall) {
+  expect_rejected([] { prepare_cp_inputs(packed(), nullptr); }, "qkv_format", {"thd"});
+}
+
+TEST(BadInputOptimized, ImageWithWrongRank) {
+  CPBatch b = packed();
+  b.images.push_back(at::zeros({3, 4}));
+  expect_rejected([&] { prepare_packed_cp_inputs_for(b, 2, 1); }, "images",
+                  {"image 0", "2 dimensions"});
+}
+
+TEST(BadInputOptimized, EmptyBatch) {
+  CPBatch b;
+  b.input_ids = at::zeros({0, 4}, at::kLong);
+  b.labels = at::zeros({0, 4}, at::kLong);
+  expect_rejected([&] { prepare_cp_inputs_for(b, 2); }, "labels", {"empty", "[0, 4]"});
+}
+
+TEST(BadInputOptimized, GatherOfZeroDimTensor) {
+  expect_rejected([] { gather_tokens(at::zeros({}), nullptr, true); }, "value", {"0-d"});
+}
+
+TEST(BadInputOptimized, SharderRankOutOfRange) {
+  const Sharder s = prepare_packed_cp_inputs_for(packed(), 2, 1);
+  expect_rejected([&] { s.local(0, 2); }, "rank", {"[0, 2)", "got 2"});
+  expect_rejected([&] { s.local(3, 0); }, "microbatch", {"got 3"});
+}
+
+}  // namespace
+}  // namespace cpkit
