@@ -42,41 +42,54 @@ TEST(BadInputOptimized, GoodInputIsAccepted) {
 }
 
 TEST(BadInputOptimized, LossLogitsNotFloat32) {
-  expect_rejected([] {
-    shifted_cp_loss(at::zeros({1, 3, 4}, at::kDouble), at::zeros({1, 3}, at::kLong),
-                    at::ones({3}, at::kBool), nullptr);
-  }, "logits", {"Float", "Double"});
+  expect_rejected(
+      [] {
+        shifted_cp_loss(at::zeros({1, 3, 4}, at::kDouble), at::zeros({1, 3}, at::kLong),
+                        at::ones({3}, at::kBool), nullptr);
+      },
+      "logits", {"Float", "Double"});
 }
 
 TEST(BadInputOptimized, LossLogitsNotContiguous) {
-  expect_rejected([] {
-    shifted_cp_loss(at::zeros({1, 4, 3}).transpose(1, 2), at::zeros({1, 3}, at::kLong),
-                    at::ones({3}, at::kBool), nullptr);
-  }, "logits", {"contiguous", "[1, 3, 4]"});
+  expect_rejected(
+      [] {
+        shifted_cp_loss(at::zeros({1, 4, 3}).transpose(1, 2), at::zeros({1, 3}, at::kLong),
+                        at::ones({3}, at::kBool), nullptr);
+      },
+      "logits", {"contiguous", "[1, 3, 4]"});
 }
 
 TEST(BadInputOptimized, LossLabelOutsideVocabulary) {
-  expect_rejected([] {
-    shifted_cp_loss(at::zeros({1, 3, 4}), ints({0, 7, 1}), at::ones({3}, at::kBool), nullptr);
-  }, "labels", {"value 7", "[0, 1]", "[0, 4)"});
+  expect_rejected(
+      [] {
+        shifted_cp_loss(at::zeros({1, 3, 4}), ints({0, 7, 1}), at::ones({3}, at::kBool), nullptr);
+      },
+      "labels", {"value 7", "[0, 1]", "[0, 4)"});
 }
 
 TEST(BadInputOptimized, LossValidOfWrongLength) {
-  expect_rejected([] {
-    shifted_cp_loss(at::zeros({1, 3, 4}), ints({0, 1, 1}), at::ones({5}, at::kBool), nullptr);
-  }, "valid", {"5 entries", "B * L = 3"});
+  expect_rejected(
+      [] {
+        shifted_cp_loss(at::zeros({1, 3, 4}), ints({0, 1, 1}), at::ones({5}, at::kBool), nullptr);
+      },
+      "valid", {"5 entries", "B * L = 3"});
 }
 
 TEST(BadInputOptimized, LossVocabularyOfOne) {
-  expect_rejected([] {
-    shifted_cp_loss(at::zeros({1, 3, 1}), ints({0, 0, 0}), at::ones({3}, at::kBool), nullptr);
-  }, "logits", {"got 1"});
+  expect_rejected(
+      [] {
+        shifted_cp_loss(at::zeros({1, 3, 1}), ints({0, 0, 0}), at::ones({3}, at::kBool), nullptr);
+      },
+      "logits", {"got 1"});
 }
 
 TEST(BadInputOptimized, LossValidOnIgnoredLabel) {
-  expect_rejected([] {
-    shifted_cp_loss(at::zeros({1, 3, 4}), ints({0, -100, 1}), at::ones({3}, at::kBool), nullptr);
-  }, "valid", {"token 1", "-100"});
+  expect_rejected(
+      [] {
+        shifted_cp_loss(at::zeros({1, 3, 4}), ints({0, -100, 1}), at::ones({3}, at::kBool),
+                        nullptr);
+      },
+      "valid", {"token 1", "-100"});
 }
 
 TEST(BadInputOptimized, SlotsExceedRow) {
