@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "cpkit/optimized/ops.hpp"
+#include "fault_injection.hpp"
 #include "mesh_capsule.hpp"
 #include "tensor_checks.hpp"
 
@@ -65,8 +66,11 @@ class GatherTokens : public torch::autograd::Function<GatherTokens> {
     std::vector<int64_t> sizes = grad.sizes().vec();
     sizes[0] /= mesh->size();
     at::Tensor out = at::empty(sizes, grad.options());
+    if (detail::fault("gather_backward_narrow"))  // own slice of own gradient only
+      return {grad.narrow(0, mesh->rank() * sizes[0], sizes[0]).clone(), at::Tensor()};
     mesh->reduce_scatter_sum(grad.data_ptr(), out.data_ptr(), static_cast<std::size_t>(out.numel()),
                              detail::scalar_kind(grad, "grad_output"));
+    if (detail::fault("gather_backward_average")) out /= mesh->size();
     return {out, at::Tensor()};  // no gradient for the mesh
   }
 };

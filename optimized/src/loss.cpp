@@ -5,6 +5,7 @@
 
 #include "cpkit/optimized/ops.hpp"
 #include "cuda_glue.hpp"
+#include "fault_injection.hpp"
 #include "kernels/cross_entropy.hpp"
 #include "kernels/cross_entropy_launch.hpp"
 #include "tensor_checks.hpp"
@@ -57,7 +58,7 @@ at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid, co
   at::Tensor targets = at::empty_like(labels);
   targets.narrow(1, 0, L - 1).copy_(counted.narrow(1, 1, L - 1));
   at::Tensor halo = at::full({B}, kernels::kNoTarget, labels.options());
-  if (cp_size(mesh) > 1) {
+  if (cp_size(mesh) > 1 && !detail::fault("boundary_label_dropped")) {
     const at::Tensor first = counted.select(1, 0).contiguous();
     mesh->shift_from_next(first.data_ptr(), halo.data_ptr(), static_cast<std::size_t>(B),
                           ScalarKind::kInt64);
@@ -70,7 +71,9 @@ at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid, co
 // on the host: the kernel forms CP / N itself).
 at::Tensor global_target_count(const at::Tensor& targets, const MeshPtr& mesh) {
   at::Tensor count = (targets != kernels::kNoTarget).sum().to(at::kLong).reshape({1});
-  if (cp_size(mesh) > 1) mesh->all_reduce_sum(count.data_ptr(), 1, ScalarKind::kInt64);
+  if (cp_size(mesh) > 1 && !detail::fault("count_local_only"))
+    mesh->all_reduce_sum(count.data_ptr(), 1, ScalarKind::kInt64);
+  if (detail::fault("count_times_cp")) count *= cp_size(mesh);
   return count;
 }
 
@@ -92,14 +95,21 @@ class ShiftedCrossEntropy : public torch::autograd::Function<ShiftedCrossEntropy
     args.count = count.data_ptr<int64_t>();
     args.grad = grad.data_ptr<float>();
     args.row_loss = row_loss.data_ptr<float>();
-    if (logits.is_cuda())
+    if (logits.is_cuda()) {
+#if CPKIT_WITH_CUDA
       kernels::cross_entropy_cuda(args, detail::current_stream(logits));
-    else
+#else
+      detail::current_stream(logits);  // raises: built without the CUDA kernels
+#endif
+    } else {
       kernels::cross_entropy_cpu(args);
+    }
     ctx->save_for_backward({grad});
     // A fixed-order double sum (the same bits for any thread count), times CP / N.
     const at::Tensor n = count.to(at::kDouble).squeeze(0);
-    const at::Tensor scale = at::where(n > 0, static_cast<double>(cp) / n, at::zeros_like(n));
+    const at::Tensor scale = detail::fault("nan_without_targets")
+                                 ? static_cast<double>(cp) / n
+                                 : at::where(n > 0, static_cast<double>(cp) / n, at::zeros_like(n));
     return (row_loss.to(at::kDouble).sum() * scale).to(at::kFloat);
   }
 

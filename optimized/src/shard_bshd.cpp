@@ -1,6 +1,7 @@
 // BSHD: validation, microbatches along the batch axis, and a rank's streams computed with
 // device-agnostic ATen ops (CPU and CUDA tensors alike).
 #include "cpkit/optimized/error.hpp"
+#include "fault_injection.hpp"
 #include "sharder_internal.hpp"
 #include "tensor_checks.hpp"
 
@@ -79,6 +80,9 @@ void fill_bshd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, cons
   } else {
     shard.position_ids = t.expand({mb.rows, l.local_len}).contiguous();
   }
+  if (detail::fault("positions_after_cut"))  // local 0..L-1 instead of the global positions
+    shard.position_ids =
+        at::arange(l.local_len, batch.labels.options()).expand({mb.rows, l.local_len}).contiguous();
   shard.document_ids = (~past_end).to(at::kLong);  // the row is one document
   shard.padding = padding;
   shard.labels = at::where(padding, at::full({}, -100, batch.labels.options()),

@@ -4,6 +4,7 @@
 
 #include "cpkit/optimized/error.hpp"
 #include "cuda_glue.hpp"
+#include "fault_injection.hpp"
 #include "kernels/packed_layout.hpp"
 #include "kernels/packed_layout_launch.hpp"
 #include "sharder_internal.hpp"
@@ -157,6 +158,12 @@ void fill_thd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const
   shard.position_ids = shard.position_ids.to(device);
   shard.padding = shard.padding.to(device);
 #endif
+  if (detail::fault("packed_positions_global"))  // never restarting per document
+    shard.position_ids = at::where(
+        shard.document_ids > 0,
+        at::arange(l.begin, l.end, shard.position_ids.options()).unsqueeze(0), shard.position_ids);
+  if (detail::fault("padding_row_tail_only"))  // slot padding taken for real tokens
+    shard.padding = shard.document_ids == 0;
   const at::Tensor labels = take_padded(batch.labels.narrow(0, mb.first_row, 1), l, -100);
   shard.labels = at::where(shard.padding, at::full({}, -100, labels.options()), labels);
   // A document's first token is predicted by nothing in that document.

@@ -2,6 +2,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "cpkit/optimized/error.hpp"
+#include "fault_injection.hpp"
 #include "sharder_internal.hpp"
 #include "tensor_checks.hpp"
 
@@ -104,8 +105,9 @@ at::Tensor Sharder::global_primary(int index) const {
 }
 
 at::Tensor Sharder::cut_spliced(int index, int rank, const at::Tensor& spliced) const {
-  const Layout l = layout(index, rank);
+  Layout l = layout(index, rank);
   const Microbatch& mb = microbatch(index);
+  if (detail::fault("spliced_cut_shifted") && l.begin > 0) l.begin -= 1;  // off by one
   detail::require_defined(spliced, "spliced");
   if (spliced.dim() < 2 || spliced.size(0) != mb.rows || spliced.size(1) != l.seq_len)
     raise("spliced", "has shape ", detail::shape_of(spliced), " but [", mb.rows, ", ", l.seq_len,
