@@ -9,6 +9,7 @@ packages=(
   librapidcheck-dev   # harness/: property tests
   libgtest-dev        # tests/ and harness/
   libbenchmark-dev    # bench/
+  nlohmann-json3-dev  # golden/ case files
   libgloo-dev         # headers that c10d's ProcessGroupGloo.hpp includes (optimized/)
 )
 

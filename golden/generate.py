@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Regenerates golden/cases/*.json from an oracle that is not cpkit.
+
+The layout (padding, positions, document ids, padding flags, valid-target mask, the cut) is
+written here again, in plain Python, from docs/spec.md. Loss and gradients come from PyTorch
+on the *unsharded* batch: torch.nn.functional.cross_entropy with autograd, cross-checked
+against HF transformers' causal-LM loss when transformers is installed. Expected per-rank
+values are then cut from those single-device results by the SPEC's layout:
+  loss_r = (sum of CE over rank r's counted targets) * CP / N,
+  grad_r = CP * (single-device gradient at rank r's positions).
+
+Usage: <python with torch> golden/generate.py   (scripts/setup.sh's venv has torch)
+"""
+import json
+import math
+import pathlib
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from transformers.loss.loss_utils import ForCausalLMLoss
+except ImportError:  # the cross-check is optional
+    ForCausalLMLoss = None
+
+IGNORE = -100
+SENTINEL = -1000
+OUT = pathlib.Path(__file__).resolve().parent / "cases"
+
+
+def padded_length(n, cp, pad_multiple):
+    m = cp * pad_multiple
+    return (n + m - 1) // m * m
+
+
+def bshd_streams(ids, labels, positions, mask, s_pad, pad_id):
+    """Global padded streams of one BSHD row (docs/spec.md section 2)."""
+    S = len(labels)
+    out = {"input_ids": [], "labels": [], "position_ids": [], "document_ids": [], "padding": [], "valid": []}
+    for t in range(s_pad):
+        past = t >= S
+        pad = past or (mask is not None and mask[t] == 0)
+        out["input_ids"].append(pad_id if past else ids[t])
+        out["position_ids"].append(positions[S - 1] + (t - S + 1) if past else positions[t])
+        out["document_ids"].append(0 if past else 1)
+        out["padding"].append(pad)
+        label = IGNORE if pad else labels[t]
+        out["labels"].append(label)
+        out["valid"].append((not pad) and label != IGNORE and t > 0)
+    return out
+
+
+def thd_streams(ids, labels, lens, slots, t_pad, pad_id):
+    """Global padded streams of one packed row (docs/spec.md section 3)."""
+    T = len(labels)
+    out = {k: [] for k in ("input_ids", "labels", "position_ids", "document_ids", "padding", "valid")}
+    docs = [(l, s) for l, s in zip(lens, slots) if l != SENTINEL]
+    per_token = []
+    for index, (length, slot) in enumerate(docs, start=1):
+        for offset in range(slot):
+            per_token.append((index, offset, offset >= length))
+    while len(per_token) < t_pad:
+        per_token.append((0, 0, True))
+    for t, (doc, offset, pad) in enumerate(per_token):
+        out["input_ids"].append(ids[t] if t < T else pad_id)
+        out["document_ids"].append(doc)
+        out["position_ids"].append(offset)
+        out["padding"].append(pad)
+        label = IGNORE if pad else labels[t]
+        out["labels"].append(label)
+        out["valid"].append((not pad) and label != IGNORE and offset > 0)
+    return out
+
+
+def truth(logits, labels):
+    """HF shifted mean CE over rows [rows, S, V] with -100 ignored; per-position CE too."""
+    x = logits.clone().requires_grad_(True)
+    V = x.shape[-1]
+    shift_logits = x[:, :-1, :].reshape(-1, V)
+    shift_labels = labels[:, 1:].reshape(-1)
+    per_token = F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE, reduction="none")
+    count = int((shift_labels != IGNORE).sum())
+    mean = per_token.sum() / count if count else per_token.sum() * 0.0
+    mean.backward()
+    if ForCausalLMLoss is not None and count:
+        with torch.no_grad():
+            hf = ForCausalLMLoss(logits.contiguous(), labels, vocab_size=V)
+        assert abs(float(hf) - float(mean.detach())) < 1e-6, (float(hf), float(mean.detach()))
+    ce = torch.zeros(labels.shape)
+    ce[:, :-1] = per_token.detach().reshape(labels.shape[0], -1)
+    return float(mean), x.grad, ce, count
+
+
+def make_case(name, fmt, cp, rows, S, vocab, seed, num_chunks=1, pad_multiple=1, pad_id=0,
+              docs=None, mask_zeros=(), ignore=(), positions_offset=None):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (rows, S), generator=g).tolist()
+    labels = torch.randint(0, vocab, (rows, S), generator=g).tolist()
+    for (b, t) in ignore:
+        labels[b][t] = IGNORE
+    inputs = {"input_ids": ids, "labels": labels}
+    mask = None
+    positions = [[t for t in range(S)] for _ in range(rows)]
+    if fmt == "bshd":
+        if mask_zeros:
+            mask = [[1] * S for _ in range(rows)]
+            for (b, t) in mask_zeros:
+                mask[b][t] = 0
+            inputs["attention_mask"] = mask
+        if positions_offset is not None:
+            positions = [[positions_offset + b + t for t in range(S)] for b in range(rows)]
+            inputs["position_ids"] = positions
+    else:
+        width = max(len(d) for d in docs)
+        lens = [[l for l, _ in d] + [SENTINEL] * (width - len(d)) for d in docs]
+        slots = [[l + e for l, e in d] + [SENTINEL] * (width - len(d)) for d in docs]
+        inputs["seq_lens"] = lens
+        inputs["seq_lens_padded"] = slots
+
+    s_pad = padded_length(S, cp, pad_multiple)
+    L = s_pad // cp
+    per_mb = rows // num_chunks if fmt == "bshd" else 1
+    microbatches = []
+    logits_all = torch.randn(rows, s_pad, vocab, generator=g) * 3.0
+    for m in range(num_chunks):
+        row_ids = list(range(m * per_mb, (m + 1) * per_mb))
+        streams = []
+        for b in row_ids:
+            if fmt == "bshd":
+                streams.append(bshd_streams(ids[b], labels[b], positions[b], mask[b] if mask else None, s_pad, pad_id))
+            else:
+                streams.append(thd_streams(ids[b], labels[b], lens[b], slots[b], s_pad, pad_id))
+        logits = logits_all[row_ids]
+        # HF labels on the unpadded rows: -100 wherever the layout says "not a target".
+        hf_labels = torch.tensor([[st["labels"][t] if st["valid"][t] else IGNORE for t in range(S)] for st in streams])
+        mean, grad, ce, count = truth(logits[:, :S, :], hf_labels)
+        ranks = []
+        for r in range(cp):
+            begin, end = r * L, (r + 1) * L
+            local_sum = 0.0
+            for bi in range(len(row_ids)):
+                for j in range(begin, end):
+                    target = j + 1
+                    if target < S and hf_labels[bi, target] != IGNORE:
+                        local_sum += float(ce[bi, j])
+            g_local = torch.zeros(len(row_ids), L, vocab)
+            lo, hi = begin, min(end, S)
+            if hi > lo:
+                g_local[:, : hi - lo, :] = grad[:, lo:hi, :] * cp
+            entry = {"rank": r, "begin": begin, "end": end,
+                     "loss": local_sum * cp / count if count else 0.0,
+                     "grad": [[[round(float(v), 9) for v in tok] for tok in row] for row in g_local.tolist()]}
+            for key in ("input_ids", "labels", "position_ids", "document_ids", "padding", "valid"):
+                entry[key] = [st[key][begin:end] for st in streams]
+            ranks.append(entry)
+        microbatches.append({
+            "rows": row_ids, "padded_len": s_pad, "single_device_loss": mean, "targets": count,
+            "logits": [[[float(f"{v:.9g}") for v in tok] for tok in row] for row in logits.tolist()],
+            "ranks": ranks})
+    case = {"name": name, "format": fmt, "cp": cp, "num_chunks": num_chunks,
+            "pad_multiple": pad_multiple, "pad_token_id": pad_id, "vocab": vocab,
+            "oracle": "torch.nn.functional.cross_entropy" + (" + transformers ForCausalLMLoss" if ForCausalLMLoss else ""),
+            "inputs": inputs, "microbatches": microbatches}
+    (OUT / f"{name}.json").write_text(json.dumps(case, indent=1) + "\n")
+    return case
+
+
+def main():
+    OUT.mkdir(exist_ok=True)
+    make_case("bshd_cp1_identity", "bshd", cp=1, rows=1, S=6, vocab=5, seed=1)
+    make_case("bshd_cp2_boundary", "bshd", cp=2, rows=1, S=8, vocab=6, seed=2)
+    make_case("bshd_cp3_padded", "bshd", cp=3, rows=2, S=7, vocab=5, seed=3, ignore=[(0, 2), (1, 5)])
+    make_case("bshd_cp4_short_seq", "bshd", cp=4, rows=1, S=2, vocab=4, seed=4)
+    make_case("bshd_cp2_chunks_mask", "bshd", cp=2, rows=4, S=5, vocab=7, seed=5, num_chunks=2,
+              mask_zeros=[(0, 0), (3, 1)])
+    make_case("bshd_cp4_pad_multiple", "bshd", cp=4, rows=1, S=9, vocab=5, seed=6, pad_multiple=2, pad_id=3)
+    make_case("bshd_cp8_positions", "bshd", cp=8, rows=2, S=21, vocab=6, seed=7, positions_offset=10)
+    make_case("bshd_cp2_all_ignored", "bshd", cp=2, rows=1, S=6, vocab=4, seed=8,
+              ignore=[(0, t) for t in range(6)])
+    make_case("thd_cp1_three_docs", "thd", cp=1, rows=1, S=10, vocab=6, seed=9,
+              docs=[[(3, 1), (0, 1), (4, 0)]])
+    make_case("thd_cp3_straddle", "thd", cp=3, rows=1, S=10, vocab=16, seed=10,
+              docs=[[(3, 1), (0, 1), (4, 0)]])
+    make_case("thd_cp4_five_docs", "thd", cp=4, rows=1, S=37, vocab=9, seed=11,
+              docs=[[(7, 1), (0, 0), (11, 1), (3, 1), (9, 1)]])
+    make_case("thd_cp2_two_rows", "thd", cp=2, rows=2, S=12, vocab=5, seed=12, num_chunks=2,
+              docs=[[(5, 0), (6, 1)], [(1, 0), (0, 2), (8, 0)]])
+    make_case("thd_cp8_one_long_doc", "thd", cp=8, rows=1, S=24, vocab=7, seed=13, docs=[[(24, 0)]])
+    make_case("thd_cp5_pad_multiple", "thd", cp=5, rows=1, S=13, vocab=6, seed=14, pad_multiple=2,
+              docs=[[(1, 0), (6, 2), (2, 0)]])
+    make_case("thd_cp6_tail_only_rank", "thd", cp=6, rows=1, S=14, vocab=5, seed=15,
+              docs=[[(4, 0), (3, 1)]])
+    print(f"wrote {len(list(OUT.glob('*.json')))} cases to {OUT}")
+
+
+if __name__ == "__main__":
+    main()

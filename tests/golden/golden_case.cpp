@@ -1,0 +1,65 @@
+#include "golden_case.hpp"
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <fstream>
+#include <stdexcept>
+
+namespace cpkit::golden {
+
+std::vector<std::string> golden_case_names() {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(CPKIT_GOLDEN_DIR)) {
+    while (const dirent* e = readdir(d)) {
+      const std::string file = e->d_name;
+      if (file.size() > 5 && file.substr(file.size() - 5) == ".json")
+        names.push_back(file.substr(0, file.size() - 5));
+    }
+    closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+GoldenCase load_golden_case(const std::string& name) {
+  std::ifstream in(std::string(CPKIT_GOLDEN_DIR) + "/" + name + ".json");
+  if (!in) throw std::runtime_error("golden case " + name + " not found");
+  const Json j = Json::parse(in);
+  GoldenCase c;
+  c.name = j.at("name");
+  c.format = j.at("format");
+  c.cp = j.at("cp");
+  c.num_chunks = j.at("num_chunks");
+  c.pad_multiple = j.at("pad_multiple");
+  c.pad_token_id = j.at("pad_token_id");
+  c.vocab = j.at("vocab");
+  c.inputs = j.at("inputs");
+  for (const Json& m : j.at("microbatches")) {
+    ExpectedMicrobatch mb;
+    mb.rows = m.at("rows").get<std::vector<int>>();
+    mb.padded_len = m.at("padded_len");
+    mb.single_device_loss = m.at("single_device_loss");
+    mb.targets = m.at("targets");
+    mb.logits = m.at("logits").get<std::vector<std::vector<std::vector<float>>>>();
+    for (const Json& r : m.at("ranks")) {
+      ExpectedRank e;
+      e.rank = r.at("rank");
+      e.begin = r.at("begin");
+      e.end = r.at("end");
+      e.input_ids = r.at("input_ids").get<std::vector<std::vector<std::int64_t>>>();
+      e.labels = r.at("labels").get<std::vector<std::vector<std::int64_t>>>();
+      e.position_ids = r.at("position_ids").get<std::vector<std::vector<std::int64_t>>>();
+      e.document_ids = r.at("document_ids").get<std::vector<std::vector<std::int64_t>>>();
+      e.padding = r.at("padding").get<std::vector<std::vector<bool>>>();
+      e.valid = r.at("valid").get<std::vector<std::vector<bool>>>();
+      e.loss = r.at("loss");
+      e.grad = r.at("grad").get<std::vector<std::vector<std::vector<float>>>>();
+      mb.ranks.push_back(e);
+    }
+    c.microbatches.push_back(mb);
+  }
+  return c;
+}
+
+}  // namespace cpkit::golden

@@ -1,0 +1,48 @@
+// A frozen case of golden/cases/*.json: inputs and the oracle's expected per-rank outputs.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace cpkit::golden {
+
+using Json = nlohmann::json;
+
+struct ExpectedRank {
+  int rank = 0;
+  std::int64_t begin = 0, end = 0;
+  // [rows][L] streams
+  std::vector<std::vector<std::int64_t>> input_ids, labels, position_ids, document_ids;
+  std::vector<std::vector<bool>> padding, valid;
+  double loss = 0;
+  std::vector<std::vector<std::vector<float>>> grad;  // [rows][L][V]
+};
+
+struct ExpectedMicrobatch {
+  std::vector<int> rows;
+  std::int64_t padded_len = 0;
+  double single_device_loss = 0;
+  std::int64_t targets = 0;
+  std::vector<std::vector<std::vector<float>>> logits;  // [rows][S_pad][V]
+  std::vector<ExpectedRank> ranks;
+};
+
+struct GoldenCase {
+  std::string name, format;
+  int cp = 1, num_chunks = 1, pad_multiple = 1, vocab = 2;
+  std::int64_t pad_token_id = 0;
+  Json inputs;  // input_ids, labels, optional position_ids / attention_mask / seq_lens...
+  std::vector<ExpectedMicrobatch> microbatches;
+};
+
+// Every case file under the golden directory (CPKIT_GOLDEN_DIR), sorted by name.
+std::vector<std::string> golden_case_names();
+GoldenCase load_golden_case(const std::string& name);
+
+// FP32 oracle vs cpkit: losses and gradients within these.
+inline constexpr double kGoldenLossRtol = 1e-5;
+inline constexpr double kGoldenGradAtol = 1e-6;
+
+}  // namespace cpkit::golden

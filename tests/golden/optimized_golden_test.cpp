@@ -1,0 +1,121 @@
+// The optimized path reproduces every golden case: shards bit for bit (all ranks from one
+// process), losses and gradients from real rank processes within FP32 tolerance.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+
+#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/sharder.hpp"
+#include "golden_case.hpp"
+#include "rank_processes.hpp"
+
+namespace cpkit::golden {
+namespace {
+
+at::Tensor ints(const Json& rows) {
+  const auto v = rows.get<std::vector<std::vector<std::int64_t>>>();
+  std::vector<std::int64_t> flat;
+  for (const auto& r : v) flat.insert(flat.end(), r.begin(), r.end());
+  return at::tensor(flat, at::kLong).view({static_cast<int64_t>(v.size()), -1});
+}
+
+template <class V>
+void expect_rows(const at::Tensor& actual, const V& expected, const std::string& what) {
+  const at::Tensor a = actual.to(at::kLong);
+  ASSERT_EQ(a.size(0), static_cast<int64_t>(expected.size())) << what;
+  for (std::size_t b = 0; b < expected.size(); ++b)
+    for (std::size_t t = 0; t < expected[b].size(); ++t)
+      EXPECT_EQ(a[b][t].item<int64_t>(), static_cast<int64_t>(expected[b][t]))
+          << what << " [" << b << ", " << t << "]";
+}
+
+CPBatch batch_of(const GoldenCase& c) {
+  CPBatch b;
+  b.qkv_format = c.format;
+  b.input_ids = ints(c.inputs.at("input_ids"));
+  b.labels = ints(c.inputs.at("labels"));
+  for (const char* key : {"position_ids", "attention_mask", "seq_lens", "seq_lens_padded"}) {
+    if (!c.inputs.contains(key)) continue;
+    const at::Tensor t = ints(c.inputs.at(key));
+    if (std::string(key) == "position_ids") b.position_ids = t;
+    if (std::string(key) == "attention_mask") b.attention_mask = t;
+    if (std::string(key) == "seq_lens") b.seq_lens = t;
+    if (std::string(key) == "seq_lens_padded") b.seq_lens_padded = t;
+  }
+  return b;
+}
+
+Sharder prepare(const GoldenCase& c, const MeshPtr& mesh) {
+  const PadOptions pad{c.pad_multiple, c.pad_token_id};
+  if (mesh) {
+    return c.format == "thd" ? prepare_packed_cp_inputs(batch_of(c), mesh, c.num_chunks, true, pad)
+                             : prepare_cp_inputs(batch_of(c), mesh, c.num_chunks, true, pad);
+  }
+  return c.format == "thd"
+             ? prepare_packed_cp_inputs_for(batch_of(c), c.cp, c.num_chunks, true, pad)
+             : prepare_cp_inputs_for(batch_of(c), c.cp, c.num_chunks, true, pad);
+}
+
+class OptimizedGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OptimizedGolden, ShardsMatchTheOracle) {
+  const GoldenCase c = load_golden_case(GetParam());
+  const Sharder s = prepare(c, nullptr);
+  for (int m = 0; m < s.num_microbatches(); ++m)
+    for (const ExpectedRank& e : c.microbatches[m].ranks) {
+      const std::string at = "microbatch " + std::to_string(m) + " rank " + std::to_string(e.rank);
+      const LocalShard l = s.local(m, e.rank);
+      expect_rows(l.input_ids, e.input_ids, "input_ids " + at);
+      expect_rows(l.labels, e.labels, "labels " + at);
+      expect_rows(l.position_ids, e.position_ids, "positions " + at);
+      expect_rows(l.document_ids, e.document_ids, "documents " + at);
+      expect_rows(l.padding, e.padding, "padding " + at);
+      expect_rows(l.valid.view(l.labels.sizes()), e.valid, "valid " + at);
+    }
+}
+
+TEST_P(OptimizedGolden, LossMatchesTheOracleOnRealRanks) {
+  const GoldenCase c = load_golden_case(GetParam());
+  const auto outcomes = ranks::run_ranks_collect(c.cp, [&c](int rank, const MeshPtr& mesh) {
+    const Sharder s = prepare(c, mesh);
+    std::ostringstream out;
+    out.precision(9);
+    for (int m = 0; m < s.num_microbatches(); ++m) {
+      const LocalShard l = s.local(m);
+      const auto& mb = c.microbatches[m];
+      std::vector<float> flat;
+      for (const auto& row : mb.logits)
+        for (std::int64_t j = l.layout.begin; j < l.layout.end; ++j)
+          flat.insert(flat.end(), row[j].begin(), row[j].end());
+      const at::Tensor logits = at::tensor(flat)
+                                    .view({l.labels.size(0), l.layout.local_len, c.vocab})
+                                    .requires_grad_(true);
+      const at::Tensor loss = shifted_cp_loss(logits, l.labels, l.valid, mesh);
+      loss.backward();
+      const ExpectedRank& e = mb.ranks[rank];
+      if (std::abs(loss.item<double>() - e.loss) > kGoldenLossRtol * (1 + std::abs(e.loss)))
+        out << "microbatch " << m << ": loss " << loss.item<double>() << " vs " << e.loss << "\n";
+      const at::Tensor grad = logits.grad();
+      for (std::size_t b = 0; b < e.grad.size(); ++b)
+        for (std::size_t j = 0; j < e.grad[b].size(); ++j)
+          for (int v = 0; v < c.vocab; ++v)
+            if (std::abs(grad[b][j][v].item<double>() - e.grad[b][j][v]) > kGoldenGradAtol) {
+              out << "microbatch " << m << ": grad [" << b << ", " << j << ", " << v << "] "
+                  << grad[b][j][v].item<double>() << " vs " << e.grad[b][j][v] << "\n";
+              return out.str();
+            }
+    }
+    return out.str();
+  });
+  for (const auto& o : outcomes) {
+    EXPECT_TRUE(o.ok) << "rank " << o.rank << ": " << o.message;
+    EXPECT_EQ(o.output, "") << "rank " << o.rank << ":\n" << o.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, OptimizedGolden, ::testing::ValuesIn(golden_case_names()));
+
+}  // namespace
+}  // namespace cpkit::golden

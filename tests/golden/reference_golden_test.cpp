@@ -1,0 +1,117 @@
+// The reference reproduces every golden case: shards bit for bit, losses and gradients
+// within FP32 tolerance of the PyTorch oracle.
+#include <gtest/gtest.h>
+
+#include "cpkit/reference/reference.hpp"
+#include "golden_case.hpp"
+
+namespace cpkit::golden {
+namespace {
+
+namespace ref = cpkit::reference;
+
+ref::IntMatrix ints(const Json& rows) {
+  const auto v = rows.get<std::vector<std::vector<std::int64_t>>>();
+  ref::IntMatrix m(static_cast<Eigen::Index>(v.size()), static_cast<Eigen::Index>(v[0].size()));
+  for (std::size_t b = 0; b < v.size(); ++b)
+    for (std::size_t t = 0; t < v[b].size(); ++t) m(b, t) = v[b][t];
+  return m;
+}
+
+template <class M, class V>
+void expect_rows(const M& actual, const V& expected, const std::string& what) {
+  ASSERT_EQ(actual.rows(), static_cast<Eigen::Index>(expected.size())) << what;
+  for (std::size_t b = 0; b < expected.size(); ++b) {
+    ASSERT_EQ(actual.cols(), static_cast<Eigen::Index>(expected[b].size())) << what;
+    for (std::size_t t = 0; t < expected[b].size(); ++t)
+      EXPECT_EQ(actual(b, t), expected[b][t]) << what << " [" << b << ", " << t << "]";
+  }
+}
+
+ref::Sharder prepare(const GoldenCase& c) {
+  const ref::ShardOptions options{c.cp, c.num_chunks, c.pad_multiple, c.pad_token_id, true};
+  if (c.format == "thd") {
+    ref::PackedBatch b;
+    b.input_ids = ints(c.inputs.at("input_ids"));
+    b.labels = ints(c.inputs.at("labels"));
+    b.seq_lens = ints(c.inputs.at("seq_lens"));
+    b.seq_lens_padded = ints(c.inputs.at("seq_lens_padded"));
+    return ref::prepare_packed_cp_inputs(b, options);
+  }
+  ref::BshdBatch b;
+  b.input_ids = ints(c.inputs.at("input_ids"));
+  b.labels = ints(c.inputs.at("labels"));
+  if (c.inputs.contains("position_ids")) b.position_ids = ints(c.inputs.at("position_ids"));
+  if (c.inputs.contains("attention_mask")) b.attention_mask = ints(c.inputs.at("attention_mask"));
+  return ref::prepare_cp_inputs(b, options);
+}
+
+class ReferenceGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReferenceGolden, ReproducesTheOracle) {
+  const GoldenCase c = load_golden_case(GetParam());
+  const ref::Sharder s = prepare(c);
+  ASSERT_EQ(s.num_microbatches(), static_cast<int>(c.microbatches.size()));
+  for (int m = 0; m < s.num_microbatches(); ++m) {
+    const ExpectedMicrobatch& mb = c.microbatches[m];
+    std::vector<ref::FloatMatrix> logits;
+    std::vector<ref::IntMatrix> labels;
+    std::vector<ref::BoolVector> valid;
+    for (const ExpectedRank& e : mb.ranks) {
+      const std::string at = "microbatch " + std::to_string(m) + " rank " + std::to_string(e.rank);
+      const ref::LocalShard l = s.local(m, e.rank);
+      EXPECT_EQ(l.layout.begin, e.begin) << at;
+      expect_rows(*l.input_ids, e.input_ids, "input_ids " + at);
+      expect_rows(l.labels, e.labels, "labels " + at);
+      expect_rows(l.position_ids, e.position_ids, "positions " + at);
+      expect_rows(l.document_ids, e.document_ids, "documents " + at);
+      expect_rows(l.padding, e.padding, "padding " + at);
+      expect_rows(
+          ref::BoolMatrix(l.valid.reshaped<Eigen::RowMajor>(l.labels.rows(), l.labels.cols())),
+          e.valid, "valid " + at);
+      const auto rows = static_cast<Eigen::Index>(mb.rows.size());
+      ref::FloatMatrix mine(rows * l.layout.local_len, c.vocab);
+      for (Eigen::Index b = 0; b < rows; ++b)
+        for (Eigen::Index j = 0; j < l.layout.local_len; ++j)
+          for (int v = 0; v < c.vocab; ++v)
+            mine(b * l.layout.local_len + j, v) = mb.logits[b][e.begin + j][v];
+      logits.push_back(mine);
+      labels.push_back(l.labels);
+      valid.push_back(l.valid);
+    }
+    const auto losses = ref::shifted_cp_loss(logits, labels, valid);
+    double mean = 0;
+    for (const ExpectedRank& e : mb.ranks) {
+      const auto& got = losses[e.rank];
+      mean += got.value / c.cp;
+      EXPECT_NEAR(got.value, e.loss, kGoldenLossRtol * (1 + std::abs(e.loss))) << "rank " << e.rank;
+      for (std::size_t b = 0; b < e.grad.size(); ++b)
+        for (std::size_t j = 0; j < e.grad[b].size(); ++j)
+          for (int v = 0; v < c.vocab; ++v)
+            ASSERT_NEAR(got.grad_logits(b * e.grad[b].size() + j, v), e.grad[b][j][v],
+                        kGoldenGradAtol)
+                << "rank " << e.rank << " row " << b << " position " << j << " class " << v;
+    }
+    EXPECT_NEAR(mean, mb.single_device_loss, kGoldenLossRtol * (1 + mb.single_device_loss));
+    EXPECT_EQ(losses[0].global_targets, mb.targets);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, ReferenceGolden, ::testing::ValuesIn(golden_case_names()));
+
+TEST(GoldenCases, AtLeastTwelveCoverBothFormatsAndCpOneToEight) {
+  const auto names = golden_case_names();
+  ASSERT_GE(names.size(), 12u);
+  bool bshd = false, thd = false, cp1 = false, cp8 = false;
+  for (const auto& n : names) {
+    const GoldenCase c = load_golden_case(n);
+    bshd |= c.format == "bshd";
+    thd |= c.format == "thd";
+    cp1 |= c.cp == 1;
+    cp8 |= c.cp == 8;
+  }
+  EXPECT_TRUE(bshd && thd && cp1 && cp8);
+}
+
+}  // namespace
+}  // namespace cpkit::golden
