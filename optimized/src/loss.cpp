@@ -116,7 +116,12 @@ class ShiftedCrossEntropy : public torch::autograd::Function<ShiftedCrossEntropy
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const at::Tensor grad = ctx->get_saved_variables()[0];
-    return {grad * grads[0], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    // The usual upstream is exactly 1 (loss.backward()): hand back the kernel's gradient
+    // without another pass over [B, L, V]. Reading a CPU scalar costs no synchronisation.
+    const at::Tensor& upstream = grads[0];
+    const bool unit =
+        !upstream.is_cuda() && upstream.numel() == 1 && upstream.item<float>() == 1.0f;
+    return {unit ? grad : grad * upstream, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 

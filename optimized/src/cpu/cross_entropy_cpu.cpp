@@ -1,34 +1,32 @@
-// CPU kernel of the fused shifted cross-entropy: rows in parallel, each row read once for
-// its online softmax and once more to write the gradient.
+// CPU kernel of the fused shifted cross-entropy: rows in parallel, the AVX2 + FMA build of
+// the row loops where the CPU has them, the baseline build otherwise.
 #include <ATen/Parallel.h>
 
-#include "kernels/cross_entropy.hpp"
-#include "kernels/cross_entropy_launch.hpp"
+#define CPKIT_ROWS_NAMESPACE baseline
+#include "cpu/cross_entropy_rows.hpp"
 
 namespace cpkit::kernels {
 
+#if defined(__x86_64__)
+void cross_entropy_rows_avx2(const CrossEntropyArgs& a, float scale, std::int64_t begin,
+                             std::int64_t end);
+#endif
+
 void cross_entropy_cpu(const CrossEntropyArgs& a) {
+  const float scale = *a.count > 0 ? static_cast<float>(a.cp) / static_cast<float>(*a.count) : 0.0f;
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  constexpr bool avx2 = false;
+#endif
   // Rows are independent and each is written by one thread: results do not depend on the
   // thread count.
-  const float scale = *a.count > 0 ? static_cast<float>(a.cp) / static_cast<float>(*a.count) : 0.0f;
   const std::int64_t grain = std::max<std::int64_t>(1, 32768 / std::max<std::int64_t>(1, a.vocab));
   at::parallel_for(0, a.rows, grain, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t row = begin; row < end; ++row) {
-      const float* z = a.logits + row * a.vocab;
-      float* g = a.grad + row * a.vocab;
-      const std::int64_t target = a.targets[row];
-      if (target == kNoTarget) {
-        for (std::int64_t i = 0; i < a.vocab; ++i) g[i] = 0.0f;
-        a.row_loss[row] = 0.0f;
-        continue;
-      }
-      OnlineSoftmax s = online_empty();
-      for (std::int64_t i = 0; i < a.vocab; ++i) online_add(s, capped(z[i], a.softcap));
-      const float lse = log_sum_exp(s);
-      for (std::int64_t i = 0; i < a.vocab; ++i)
-        g[i] = cross_entropy_grad(z[i], i == target, lse, a.softcap, scale);
-      a.row_loss[row] = lse - capped(z[target], a.softcap);
-    }
+#if defined(__x86_64__)
+    if (avx2) return cross_entropy_rows_avx2(a, scale, begin, end);
+#endif
+    baseline::run_rows(a, scale, begin, end);
   });
 }
 

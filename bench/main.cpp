@@ -1,0 +1,17 @@
+// cpkit-bench: reference vs optimized vs plain LibTorch, and memcpy as the machine's limit.
+// Run: build/bench/cpkit-bench --benchmark_format=json > results.json; bench/plot results.json
+#include <ATen/Parallel.h>
+#include <benchmark/benchmark.h>
+
+#include <thread>
+
+int main(int argc, char** argv) {
+  // LibTorch defaults to one intra-op thread here; use every core for both contenders.
+  at::set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));
+  benchmark::AddCustomContext("intra_op_threads", std::to_string(at::get_num_threads()));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
