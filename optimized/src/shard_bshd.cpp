@@ -54,6 +54,9 @@ std::vector<Sharder::Microbatch> bshd_microbatches(const CPBatch& batch, int cp_
 }
 
 at::Tensor take_padded(const at::Tensor& x, const Layout& l, double fill) {
+  // A shard inside [0, S) is a plain cut: a view where it is already contiguous (B = 1),
+  // one copy otherwise.
+  if (l.begin + l.local_len <= l.seq_len) return x.narrow(1, l.begin, l.local_len).contiguous();
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes[1] = l.local_len;
   at::Tensor out = at::full(sizes, fill, x.options());

@@ -49,10 +49,9 @@ void parse_row(const int64_t* lens, const int64_t* slots, int64_t D, int64_t row
 }
 
 at::Tensor prefix_sums(const std::vector<int64_t>& v) {
-  at::Tensor out = at::zeros({static_cast<int64_t>(v.size()) + 1}, at::kLong);
-  for (std::size_t i = 0; i < v.size(); ++i)
-    out[static_cast<int64_t>(i) + 1] = out[static_cast<int64_t>(i)].item<int64_t>() + v[i];
-  return out;
+  std::vector<int64_t> sums(v.size() + 1, 0);
+  for (std::size_t i = 0; i < v.size(); ++i) sums[i + 1] = sums[i] + v[i];
+  return at::tensor(sums, at::kLong);
 }
 
 }  // namespace
