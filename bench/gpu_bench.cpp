@@ -1,0 +1,131 @@
+// cpkit-gpu-bench: CUDA kernels against PyTorch's own ops and the HBM limit (cudaMemcpy D2D
+// of the same bytes), timed with CUDA events on PyTorch's current stream.
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <functional>
+
+#include "bench_util.hpp"
+#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/sharder.hpp"
+
+namespace {
+
+const at::Device kCuda(at::kCUDA, 0);
+
+// Runs `body` once per benchmark iteration, timing it with CUDA events.
+void time_cuda(benchmark::State& state, const std::function<void()>& body) {
+  body();  // warm-up
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  for (auto _ : state) {
+    cudaEventRecord(start, stream);
+    body();
+    cudaEventRecord(stop, stream);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    state.SetIterationTime(ms / 1e3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+}
+
+struct Ce {
+  at::Tensor logits, labels, valid;
+};
+
+Ce ce_inputs(int64_t T, int64_t V) {
+  at::manual_seed(0);
+  return {(at::randn({1, T, V}, at::TensorOptions().device(kCuda)) * 4).requires_grad_(true),
+          at::randint(0, V, {1, T}, at::TensorOptions().dtype(at::kLong).device(kCuda)),
+          at::ones({T}, at::TensorOptions().dtype(at::kBool).device(kCuda))};
+}
+
+// Args: T, V, softcap
+void BM_GpuCE_Optimized(benchmark::State& state) {
+  const Ce in = ce_inputs(state.range(0), state.range(1));
+  const double softcap = static_cast<double>(state.range(2));
+  time_cuda(state, [&] {
+    const at::Tensor loss =
+        cpkit::shifted_cp_loss(in.logits, in.labels, in.valid, nullptr, {.softcap = softcap});
+    benchmark::DoNotOptimize(torch::autograd::grad({loss}, {in.logits})[0].data_ptr());
+  });
+  cpkit::bench::set_bytes(state, 8.0 * static_cast<double>(in.logits.numel()));
+}
+
+void BM_GpuCE_Torch(benchmark::State& state) {
+  const Ce in = ce_inputs(state.range(0), state.range(1));
+  const int64_t T = state.range(0), V = state.range(1);
+  const double softcap = static_cast<double>(state.range(2));
+  time_cuda(state, [&] {
+    at::Tensor z = in.logits.narrow(1, 0, T - 1).reshape({-1, V});
+    if (softcap > 0) z = softcap * at::tanh(z / softcap);
+    const at::Tensor loss = at::cross_entropy_loss(z, in.labels.narrow(1, 1, T - 1).reshape({-1}));
+    benchmark::DoNotOptimize(torch::autograd::grad({loss}, {in.logits})[0].data_ptr());
+  });
+  cpkit::bench::set_bytes(state, 8.0 * static_cast<double>(in.logits.numel()));
+}
+
+// The HBM limit: device-to-device copy of N bytes (N read + N written).
+void BM_GpuCopy(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const at::Tensor src =
+      at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(kCuda));
+  at::Tensor dst = at::empty_like(src);
+  time_cuda(state, [&] {
+    cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), bytes, cudaMemcpyDeviceToDevice,
+                    c10::cuda::getCurrentCUDAStream().stream());
+  });
+  cpkit::bench::set_bytes(state, 2.0 * static_cast<double>(bytes));
+}
+
+// Args: S, H (bf16, B = 2, CP = 4, rank 1)
+void BM_GpuShardBshd_Optimized(benchmark::State& state) {
+  cpkit::CPBatch b;
+  b.inputs_embeds =
+      at::randn({2, state.range(0), state.range(1)}, at::TensorOptions().device(kCuda))
+          .to(at::kBFloat16);
+  b.labels = at::randint(0, 32000, {2, state.range(0)},
+                         at::TensorOptions().dtype(at::kLong).device(kCuda));
+  time_cuda(state, [&] {
+    const cpkit::Sharder s = cpkit::prepare_cp_inputs_for(b, 4);
+    benchmark::DoNotOptimize(s.local(0, 1).inputs_embeds.data_ptr());
+  });
+  cpkit::bench::set_bytes(state, 2.0 * 2 * (state.range(0) / 4) * state.range(1) * 2);
+}
+
+BENCHMARK(BM_GpuCE_Optimized)
+    ->Args({16384, 131072, 0})
+    ->Args({16384, 131072, 30})
+    ->Args({4096, 32768, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(10);
+BENCHMARK(BM_GpuCE_Torch)
+    ->Args({16384, 131072, 0})
+    ->Args({16384, 131072, 30})
+    ->Args({4096, 32768, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(10);
+BENCHMARK(BM_GpuCopy)
+    ->Arg(int64_t{8} << 30)
+    ->Arg(int64_t{512} << 20)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(10);
+BENCHMARK(BM_GpuShardBshd_Optimized)
+    ->Args({32768, 4096})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(10);
+
+}  // namespace
+
+BENCHMARK_MAIN();
