@@ -14,7 +14,7 @@ arch=lib/x86_64-linux-gnu
 copy /usr/include/eigen3 /usr/share/eigen3
 copy /usr/include/rapidcheck /usr/include/rapidcheck.h /usr/$arch/cmake/rapidcheck /usr/$arch/librapidcheck*.a
 copy /usr/include/gtest /usr/include/gmock /usr/$arch/cmake/GTest /usr/$arch/libgtest*.a /usr/$arch/libgmock*.a
-copy /usr/include/benchmark /usr/$arch/cmake/benchmark /usr/$arch/libbenchmark*.a
+copy /usr/include/benchmark /usr/$arch/cmake/benchmark /usr/$arch/libbenchmark*
 copy /usr/include/nlohmann /usr/share/cmake/nlohmann_json
 copy /usr/include/gloo
 du -sh "$dest"

@@ -10,6 +10,8 @@ packages=(
   libgtest-dev        # tests/ and harness/
   libbenchmark-dev    # bench/
   nlohmann-json3-dev  # golden/ case files
+  clang libclang-rt-14-dev  # libFuzzer target (scripts/fuzz.sh)
+  python3-matplotlib  # bench/plot
   libgloo-dev         # headers that c10d's ProcessGroupGloo.hpp includes (optimized/)
 )
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The tests: set up, check formatting, build, run every CTest test; then rebuild with
-# AddressSanitizer + UndefinedBehaviorSanitizer in a second tree and run the tests again.
+# AddressSanitizer + UndefinedBehaviorSanitizer in a second tree and run the tests again;
+# then replay the fuzz regressions and fuzz the packed-layout planner for 60 s.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc)
@@ -19,3 +20,6 @@ echo "== build (ASan + UBSan)"
 echo "== ctest under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir "$root/build-asan" --output-on-failure -j "$jobs"
+
+echo "== fuzz: regressions, then 60 s"
+"$root/scripts/fuzz.sh" 60

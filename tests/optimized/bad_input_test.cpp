@@ -7,6 +7,7 @@
 
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/process_group.hpp"
 #include "cpkit/optimized/sharder.hpp"
 
 namespace cpkit {
@@ -140,6 +141,157 @@ TEST(BadInputOptimized, SharderRankOutOfRange) {
   const Sharder s = prepare_packed_cp_inputs_for(packed(), 2, 1);
   expect_rejected([&] { s.local(0, 2); }, "rank", {"[0, 2)", "got 2"});
   expect_rejected([&] { s.local(3, 0); }, "microbatch", {"got 3"});
+}
+
+}  // namespace
+}  // namespace cpkit
+
+namespace cpkit {
+namespace {
+
+TEST(BadInputOptimized, LabelsOfFloatDtype) {
+  expect_rejected(
+      [] {
+        shifted_cp_loss(at::zeros({1, 3, 4}), at::zeros({1, 3}), at::ones({3}, at::kBool), nullptr);
+      },
+      "labels", {"Long", "Float"});
+}
+
+TEST(BadInputOptimized, LabelsOfWrongRank) {
+  expect_rejected(
+      [] {
+        shifted_cp_loss(at::zeros({1, 3, 4}), at::zeros({3}, at::kLong), at::ones({3}, at::kBool),
+                        nullptr);
+      },
+      "labels", {"2 dimensions", "got 1"});
+}
+
+TEST(BadInputOptimized, LogitsOfWrongRank) {
+  expect_rejected(
+      [] {
+        shifted_cp_loss(at::zeros({3, 4}), at::zeros({1, 3}, at::kLong), at::ones({3}, at::kBool),
+                        nullptr);
+      },
+      "logits", {"3 dimensions", "[3, 4]"});
+}
+
+TEST(BadInputOptimized, ValidNotBool) {
+  expect_rejected(
+      [] {
+        shifted_cp_loss(at::zeros({1, 3, 4}), at::zeros({1, 3}, at::kLong), at::ones({3}), nullptr);
+      },
+      "valid", {"Bool", "Float"});
+}
+
+TEST(BadInputOptimized, TensorsOnDifferentDevices) {
+  expect_rejected(
+      [] {
+        shifted_cp_loss(at::zeros({1, 3, 4}),
+                        at::zeros({1, 3}, at::TensorOptions().dtype(at::kLong).device(at::kMeta)),
+                        at::ones({3}, at::kBool), nullptr);
+      },
+      "labels", {"share a device", "meta"});
+}
+
+TEST(BadInputOptimized, SeqLensOfFloatDtype) {
+  CPBatch b = packed();
+  b.seq_lens = b.seq_lens.to(at::kFloat);
+  expect_rejected([&] { prepare_packed_cp_inputs_for(b, 2, 1); }, "seq_lens", {"Long", "Float"});
+}
+
+TEST(BadInputOptimized, SeqLensShapesDisagree) {
+  CPBatch b = packed();
+  b.seq_lens_padded = ints({2, 4});
+  expect_rejected([&] { prepare_packed_cp_inputs_for(b, 2, 1); }, "seq_lens_padded",
+                  {"[1, 2]", "[1, 3]"});
+}
+
+TEST(BadInputOptimized, NegativeSeqLen) {
+  CPBatch b = packed();
+  b.seq_lens = ints({-3, 3, -1000});
+  expect_rejected([&] { prepare_packed_cp_inputs_for(b, 2, 1); }, "seq_lens", {"negative", "-3"});
+}
+
+TEST(BadInputOptimized, SeqLenLongerThanSlot) {
+  CPBatch b = packed();
+  b.seq_lens = ints({2, 5, -1000});
+  expect_rejected([&] { prepare_packed_cp_inputs_for(b, 2, 1); }, "seq_lens",
+                  {"length 5", "only 4"});
+}
+
+TEST(BadInputOptimized, NonPositiveOptions) {
+  expect_rejected([] { prepare_packed_cp_inputs_for(packed(), 2, 0); }, "num_chunks", {"got 0"});
+  expect_rejected([] { prepare_packed_cp_inputs_for(packed(), 2, 1, true, {.pad_multiple = 0}); },
+                  "pad_multiple", {"got 0"});
+  expect_rejected([] { prepare_packed_cp_inputs_for(packed(), 0, 1); }, "mesh", {"got 0"});
+}
+
+TEST(BadInputOptimized, AttentionMaskNotBinary) {
+  CPBatch b;
+  b.input_ids = at::zeros({1, 4}, at::kLong);
+  b.labels = at::zeros({1, 4}, at::kLong);
+  b.attention_mask = ints({1, 1, 3, 1});
+  expect_rejected([&] { prepare_cp_inputs_for(b, 2); }, "attention_mask", {"value 3", "[0, 2]"});
+}
+
+TEST(BadInputOptimized, PositionIdsOfWrongShape) {
+  CPBatch b;
+  b.input_ids = at::zeros({1, 4}, at::kLong);
+  b.labels = at::zeros({1, 4}, at::kLong);
+  b.position_ids = ints({0, 1, 2});
+  expect_rejected([&] { prepare_cp_inputs_for(b, 2); }, "position_ids", {"[1, 3]", "[1, 4]"});
+}
+
+TEST(BadInputOptimized, BothOrNeitherPrimary) {
+  CPBatch b = packed();
+  b.inputs_embeds = at::zeros({1, 6, 2});
+  expect_rejected([&] { prepare_packed_cp_inputs_for(b, 2, 1); }, "input_ids", {"both"});
+  b.input_ids = at::Tensor();
+  b.inputs_embeds = at::Tensor();
+  expect_rejected([&] { prepare_packed_cp_inputs_for(b, 2, 1); }, "input_ids", {"neither"});
+}
+
+TEST(BadInputOptimized, EmbeddingsOfIntegerDtype) {
+  CPBatch b = packed();
+  b.input_ids = at::Tensor();
+  b.inputs_embeds = at::zeros({1, 6, 2}, at::kLong);
+  expect_rejected([&] { prepare_packed_cp_inputs_for(b, 2, 1); }, "inputs_embeds",
+                  {"floating point", "Long"});
+}
+
+TEST(BadInputOptimized, NegativeLabelOtherThanIgnore) {
+  CPBatch b = packed();
+  b.labels = ints({1, 2, -7, 4, 5, 6});
+  expect_rejected([&] { prepare_packed_cp_inputs_for(b, 2, 1); }, "labels", {"-7", "[0, 2]"});
+}
+
+TEST(BadInputOptimized, FromMapValueOfTheWrongKind) {
+  std::unordered_map<std::string, c10::IValue> m;
+  m["images"] = at::zeros({3, 2, 2});
+  expect_rejected([&] { CPBatch::from_map(m); }, "images", {"list of tensors"});
+}
+
+TEST(BadInputOptimized, SplicedOfTheWrongShape) {
+  const Sharder s = prepare_packed_cp_inputs_for(packed(), 2, 1, false);
+  expect_rejected(
+      [&] {
+        s.cut_spliced(0, 0, at::zeros({1, 5, 3}));
+      },
+      "spliced", {"[1, 5, 3]", "[1, 6"});
+}
+
+TEST(BadInputOptimized, GatherOfUnsupportedDtype) {
+  expect_rejected(
+      [] {
+        gather_tokens(at::zeros({2, 2}, at::kDouble), nullptr, true);
+      },
+      "value", {"Double", "not supported"});
+}
+
+TEST(BadInputOptimized, GlooMeshRankOutOfRange) {
+  expect_rejected([] { make_gloo_mesh("/tmp/cpkit-never-used", 3, 2); }, "rank",
+                  {"[0, 2)", "got 3"});
+  expect_rejected([] { make_gloo_mesh("/tmp/cpkit-never-used", 0, 0); }, "size", {"got 0"});
 }
 
 }  // namespace

@@ -19,7 +19,7 @@ MeshPtr make_gloo_mesh(const std::string& store_path, int rank, int size,
   options->timeout = timeout;
   options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
-  return make_process_group_mesh(group, at::kCPU);
+  return make_process_group_mesh(group, at::kCPU, timeout);
 }
 
 }  // namespace cpkit

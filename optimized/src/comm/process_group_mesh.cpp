@@ -26,8 +26,9 @@ at::ScalarType to_scalar_type(ScalarKind kind) {
 
 class ProcessGroupCommunicator final : public Communicator {
  public:
-  ProcessGroupCommunicator(c10::intrusive_ptr<c10d::Backend> backend, at::Device device)
-      : backend_(std::move(backend)), device_(device) {}
+  ProcessGroupCommunicator(c10::intrusive_ptr<c10d::Backend> backend, at::Device device,
+                           std::chrono::milliseconds timeout)
+      : backend_(std::move(backend)), device_(device), timeout_(timeout) {}
 
   int rank() const override { return backend_->getRank(); }
   int size() const override { return backend_->getSize(); }
@@ -36,7 +37,7 @@ class ProcessGroupCommunicator final : public Communicator {
   void all_gather(const void* send, void* recv, std::size_t count, ScalarKind kind) override {
     at::Tensor out = wrap(recv, count * static_cast<std::size_t>(size()), kind);
     at::Tensor in = wrap(send, count, kind);
-    backend_->_allgather_base(out, in)->wait();
+    wait(backend_->_allgather_base(out, in), "all_gather");
   }
 
   void reduce_scatter_sum(const void* send, void* recv, std::size_t count,
@@ -47,7 +48,7 @@ class ProcessGroupCommunicator final : public Communicator {
       try {
         c10d::ReduceScatterOptions options;
         options.reduceOp = c10d::ReduceOp::SUM;
-        backend_->_reduce_scatter_base(out, in, options)->wait();
+        wait(backend_->_reduce_scatter_base(out, in, options), "reduce_scatter");
         return;
       } catch (const c10::NotImplementedError&) {
         has_reduce_scatter_ = false;
@@ -57,13 +58,13 @@ class ProcessGroupCommunicator final : public Communicator {
     // rank sums the slices it received.
     at::Tensor slices = at::empty_like(in);
     std::vector<int64_t> even;
-    backend_->alltoall_base(slices, in, even, even)->wait();
+    wait(backend_->alltoall_base(slices, in, even, even), "alltoall (reduce_scatter)");
     at::sum_out(out, slices.view({size(), static_cast<int64_t>(count)}), 0);
   }
 
   void all_reduce_sum(void* data, std::size_t count, ScalarKind kind) override {
     std::vector<at::Tensor> tensors{wrap(data, count, kind)};
-    backend_->allreduce(tensors)->wait();
+    wait(backend_->allreduce(tensors), "all_reduce");
   }
 
   void shift_from_next(const void* send, void* recv, std::size_t count, ScalarKind kind) override {
@@ -73,11 +74,29 @@ class ProcessGroupCommunicator final : public Communicator {
     c10::intrusive_ptr<c10d::Work> received, sent;
     if (rank() + 1 < size()) received = backend_->recv(incoming, rank() + 1, kTag);
     if (rank() > 0) sent = backend_->send(outgoing, rank() - 1, kTag);
-    if (received) received->wait();
-    if (sent) sent->wait();
+    if (received) wait(received, "recv from the next rank (loss halo)");
+    if (sent) wait(sent, "send to the previous rank (loss halo)");
   }
 
  private:
+  // A dead or stalled peer surfaces here: every rank raises cpkit::Error naming the
+  // operation and the timeout instead of hanging.
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* operation) const {
+    try {
+      work->wait();
+    } catch (const c10::NotImplementedError&) {
+      throw;
+    } catch (const std::exception& e) {
+      std::string detail = e.what();
+      detail = detail.substr(0, detail.find('\n'));
+      const std::string limit = timeout_.count() > 0
+                                    ? "the timeout of " + std::to_string(timeout_.count()) + " ms"
+                                    : "the process group's timeout";
+      raise("mesh", operation, " failed on rank ", rank(), " of ", size(),
+            ": a peer died or did not answer within ", limit, " (", detail, ")");
+    }
+  }
+
   at::Tensor wrap(const void* data, std::size_t count, ScalarKind kind) const {
     return at::from_blob(const_cast<void*>(data), {static_cast<int64_t>(count)},
                          at::TensorOptions().dtype(to_scalar_type(kind)).device(device_));
@@ -85,14 +104,16 @@ class ProcessGroupCommunicator final : public Communicator {
 
   c10::intrusive_ptr<c10d::Backend> backend_;
   at::Device device_;
+  std::chrono::milliseconds timeout_;
   bool has_reduce_scatter_ = true;
 };
 
 }  // namespace
 
-MeshPtr make_process_group_mesh(c10::intrusive_ptr<c10d::Backend> backend, at::Device device) {
+MeshPtr make_process_group_mesh(c10::intrusive_ptr<c10d::Backend> backend, at::Device device,
+                                std::chrono::milliseconds timeout) {
   if (!backend) raise("backend", "is null");
-  return std::make_shared<ProcessGroupCommunicator>(std::move(backend), device);
+  return std::make_shared<ProcessGroupCommunicator>(std::move(backend), device, timeout);
 }
 
 }  // namespace cpkit

@@ -12,8 +12,10 @@
 
 namespace cpkit {
 
-// Wraps `backend`; buffers passed to the mesh must live on `device`.
-MeshPtr make_process_group_mesh(c10::intrusive_ptr<c10d::Backend> backend, at::Device device);
+// Wraps `backend`; buffers passed to the mesh must live on `device`. `timeout` (the group's
+// own) only names the limit in the error a dead or stalled peer raises; 0: unknown.
+MeshPtr make_process_group_mesh(c10::intrusive_ptr<c10d::Backend> backend, at::Device device,
+                                std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
 // A Gloo world over loopback: `size` processes rendezvous through a FileStore at
 // `store_path`; every collective fails after `timeout` instead of hanging.
