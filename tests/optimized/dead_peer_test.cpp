@@ -25,6 +25,9 @@ void check_peer_failure(bool stall) {
   const auto outcomes = testing::run_ranks(
       world,
       [&](int rank, const MeshPtr& mesh) {
+        // Mid-training: the world is fully connected and has run a collective.
+        std::int64_t barrier = 0;
+        mesh->all_reduce_sum(&barrier, 1, ScalarKind::kInt64);
         if (rank == victim) {
           if (stall) std::this_thread::sleep_for(3 * kTimeout);
           _exit(0);

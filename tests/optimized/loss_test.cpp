@@ -156,3 +156,29 @@ TEST(ShiftedLossAutograd, GradScalesByIncomingGradient) {
 
 }  // namespace
 }  // namespace cpkit
+
+namespace cpkit {
+namespace {
+
+// All-equal logits: every counted CE is ln V and the gradient is (1/V - onehot) / N.
+TEST(ShiftedLossNumerics, AllEqualLogitsGiveLogV) {
+  for (const float level : {0.0f, 5.0f, 1e4f, -1e4f}) {
+    const at::Tensor logits = at::full({1, 5, 7}, level).requires_grad_(true);
+    const at::Tensor labels =
+        at::tensor(std::vector<int64_t>{0, 1, 2, 3, 6}, at::kLong).unsqueeze(0);
+    const at::Tensor valid = at::ones({5}, at::kBool);
+    const at::Tensor loss = shifted_cp_loss(logits, labels, valid, nullptr);
+    EXPECT_NEAR(loss.item<float>(), std::log(7.0f), 1e-6) << "level " << level;
+    loss.backward();
+    const at::Tensor g = logits.grad()[0];
+    for (int j = 0; j < 4; ++j)  // position j predicts labels[j + 1]; the last predicts nothing
+      for (int v = 0; v < 7; ++v) {
+        const double expected = (1.0 / 7 - (v == labels[0][j + 1].item<int64_t>() ? 1.0 : 0.0)) / 4;
+        EXPECT_NEAR(g[j][v].item<float>(), expected, 1e-6) << "level " << level;
+      }
+    EXPECT_TRUE(g[4].eq(0).all().item<bool>());
+  }
+}
+
+}  // namespace
+}  // namespace cpkit

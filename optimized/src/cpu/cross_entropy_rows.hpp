@@ -18,7 +18,7 @@ namespace cpkit::kernels::CPKIT_ROWS_NAMESPACE {
 constexpr std::int64_t kBlock = 512;
 
 template <bool kCapped>
-inline float row_log_sum_exp(const float* z, std::int64_t vocab, float softcap) {
+inline OnlineSoftmax row_statistics(const float* z, std::int64_t vocab, float softcap) {
   OnlineSoftmax state = online_empty();
   for (std::int64_t start = 0; start < vocab; start += kBlock) {
     const std::int64_t n = std::min(kBlock, vocab - start);
@@ -34,16 +34,17 @@ inline float row_log_sum_exp(const float* z, std::int64_t vocab, float softcap) 
     for (std::int64_t k = 0; k < n; ++k) block_sum += fast_exp(c[k] - block_max);
     state = online_merge(state, {block_max, block_sum});
   }
-  return log_sum_exp(state);
+  return state;
 }
 
 template <bool kCapped>
-inline void row_gradient(const float* z, std::int64_t vocab, std::int64_t target, float lse,
-                         float softcap, float scale, float* g) {
+inline void row_gradient(const float* z, std::int64_t vocab, std::int64_t target,
+                         OnlineSoftmax stats, float softcap, float scale, float* g) {
+  const float row_max = stats.max, ls = log_sum(stats);
 #pragma omp simd
   for (std::int64_t i = 0; i < vocab; ++i)
-    g[i] = cross_entropy_grad<kCapped>(z[i], false, lse, softcap, scale);
-  g[target] = cross_entropy_grad<kCapped>(z[target], true, lse, softcap, scale);  // one-hot
+    g[i] = cross_entropy_grad<kCapped>(z[i], false, row_max, ls, softcap, scale);
+  g[target] = cross_entropy_grad<kCapped>(z[target], true, row_max, ls, softcap, scale);  // one-hot
 }
 
 template <bool kCapped>
@@ -57,9 +58,9 @@ void rows(const CrossEntropyArgs& a, float scale, std::int64_t begin, std::int64
       a.row_loss[row] = 0.0f;
       continue;
     }
-    const float lse = row_log_sum_exp<kCapped>(z, a.vocab, a.softcap);
-    row_gradient<kCapped>(z, a.vocab, target, lse, a.softcap, scale, g);
-    a.row_loss[row] = lse - capped<kCapped>(z[target], a.softcap);
+    const OnlineSoftmax stats = row_statistics<kCapped>(z, a.vocab, a.softcap);
+    row_gradient<kCapped>(z, a.vocab, target, stats, a.softcap, scale, g);
+    a.row_loss[row] = cross_entropy_value(capped<kCapped>(z[target], a.softcap), stats);
   }
 }
 

@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(CrossEntropyArg
       online_add(s, capped(z[i], a.softcap));
   }
   __shared__ float maxes[kWarps], sums[kWarps];
-  __shared__ float lse_shared;
+  __shared__ OnlineSoftmax row_stats;
   s = warp_merge(s);
   if (threadIdx.x % 32 == 0) {
     maxes[threadIdx.x / 32] = s.max;
@@ -58,10 +58,11 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(CrossEntropyArg
     OnlineSoftmax w = threadIdx.x < kWarps ? OnlineSoftmax{maxes[threadIdx.x], sums[threadIdx.x]}
                                            : online_empty();
     w = warp_merge(w);
-    if (threadIdx.x == 0) lse_shared = log_sum_exp(w);
+    if (threadIdx.x == 0) row_stats = w;
   }
   __syncthreads();
-  const float lse = lse_shared;
+  const OnlineSoftmax stats = row_stats;
+  const float row_max = stats.max, ls = log_sum(stats);
   const float scale = *a.count > 0 ? static_cast<float>(a.cp) / static_cast<float>(*a.count) : 0.0f;
   if (vectorised) {
     const float4* z4 = reinterpret_cast<const float4*>(z);
@@ -69,16 +70,16 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(CrossEntropyArg
     for (std::int64_t i = threadIdx.x; i < a.vocab / 4; i += kThreads) {
       const float4 v = z4[i];
       const std::int64_t k = 4 * i;
-      g4[i] = make_float4(cross_entropy_grad(v.x, k == target, lse, a.softcap, scale),
-                          cross_entropy_grad(v.y, k + 1 == target, lse, a.softcap, scale),
-                          cross_entropy_grad(v.z, k + 2 == target, lse, a.softcap, scale),
-                          cross_entropy_grad(v.w, k + 3 == target, lse, a.softcap, scale));
+      g4[i] = make_float4(cross_entropy_grad(v.x, k == target, row_max, ls, a.softcap, scale),
+                          cross_entropy_grad(v.y, k + 1 == target, row_max, ls, a.softcap, scale),
+                          cross_entropy_grad(v.z, k + 2 == target, row_max, ls, a.softcap, scale),
+                          cross_entropy_grad(v.w, k + 3 == target, row_max, ls, a.softcap, scale));
     }
   } else {
     for (std::int64_t i = threadIdx.x; i < a.vocab; i += kThreads)
-      g[i] = cross_entropy_grad(z[i], i == target, lse, a.softcap, scale);
+      g[i] = cross_entropy_grad(z[i], i == target, row_max, ls, a.softcap, scale);
   }
-  if (threadIdx.x == 0) a.row_loss[row] = lse - capped(z[target], a.softcap);
+  if (threadIdx.x == 0) a.row_loss[row] = cross_entropy_value(capped(z[target], a.softcap), stats);
 }
 
 }  // namespace

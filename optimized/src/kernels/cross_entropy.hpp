@@ -86,26 +86,34 @@ CPKIT_HOST_DEVICE inline OnlineSoftmax online_merge(OnlineSoftmax a, OnlineSoftm
   return {m, a.sum * fast_exp(a.max - m) + b.sum * fast_exp(b.max - m)};
 }
 
-CPKIT_HOST_DEVICE inline float log_sum_exp(OnlineSoftmax s) { return s.max + logf(s.sum); }
+// log(sum exp(c - max)). Kept apart from max: adding them first (log-sum-exp) would round
+// away ln V against |z| ~ 1e4 in float32.
+CPKIT_HOST_DEVICE inline float log_sum(OnlineSoftmax s) { return logf(s.sum); }
 
-// d(scale * CE) / d z for one logit z of a row with log-sum-exp `lse` (of the capped row);
-// with the cap, one tanh gives both the capped value and its derivative 1 - tanh^2.
+// CE of the target's capped logit: (max - c_target) + log_sum, max subtracted first.
+CPKIT_HOST_DEVICE inline float cross_entropy_value(float capped_target, OnlineSoftmax s) {
+  return (s.max - capped_target) + log_sum(s);
+}
+
+// d(scale * CE) / d z for one logit z of a row whose capped maximum is `row_max` and whose
+// log_sum is `ls` (softmax = exp((c - row_max) - ls)); with the cap, one tanh gives both the
+// capped value and its derivative 1 - tanh^2.
 template <bool kCapped>
-CPKIT_HOST_DEVICE inline float cross_entropy_grad(float z, bool is_target, float lse, float softcap,
-                                                  float scale) {
+CPKIT_HOST_DEVICE inline float cross_entropy_grad(float z, bool is_target, float row_max, float ls,
+                                                  float softcap, float scale) {
   const float onehot = is_target ? 1.0f : 0.0f;
   if constexpr (kCapped) {
     const float t = fast_tanh(z / softcap);
-    return (fast_exp(softcap * t - lse) - onehot) * scale * (1.0f - t * t);
+    return (fast_exp((softcap * t - row_max) - ls) - onehot) * scale * (1.0f - t * t);
   } else {
-    return (fast_exp(z - lse) - onehot) * scale;
+    return (fast_exp((z - row_max) - ls) - onehot) * scale;
   }
 }
 
-CPKIT_HOST_DEVICE inline float cross_entropy_grad(float z, bool is_target, float lse, float softcap,
-                                                  float scale) {
-  return softcap > 0.0f ? cross_entropy_grad<true>(z, is_target, lse, softcap, scale)
-                        : cross_entropy_grad<false>(z, is_target, lse, softcap, scale);
+CPKIT_HOST_DEVICE inline float cross_entropy_grad(float z, bool is_target, float row_max, float ls,
+                                                  float softcap, float scale) {
+  return softcap > 0.0f ? cross_entropy_grad<true>(z, is_target, row_max, ls, softcap, scale)
+                        : cross_entropy_grad<false>(z, is_target, row_max, ls, softcap, scale);
 }
 
 }  // namespace cpkit::kernels
