@@ -48,7 +48,7 @@ std::string Bundle::serialise() const {
     put(out, static_cast<std::int32_t>(t.scalar_type()));
     put(out, static_cast<std::uint32_t>(t.dim()));
     for (int64_t d = 0; d < t.dim(); ++d) put(out, t.size(d));
-    out.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+    if (t.nbytes() > 0) out.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
   }
   return out;
 }
@@ -67,7 +67,7 @@ Bundle Bundle::parse(const std::string& in) {
     for (std::uint32_t d = 0; d < dims; ++d) sizes.push_back(take<int64_t>(in, at));
     at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(type));
     if (at + t.nbytes() > in.size()) throw std::runtime_error("bundle: truncated data");
-    std::memcpy(t.data_ptr(), in.data() + at, t.nbytes());
+    if (t.nbytes() > 0) std::memcpy(t.data_ptr(), in.data() + at, t.nbytes());  // empty: no data
     at += t.nbytes();
     b.items_.emplace_back(name, t);
   }
