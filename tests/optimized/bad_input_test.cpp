@@ -9,22 +9,12 @@
 #include "cpkit/optimized/ops.hpp"
 #include "cpkit/optimized/process_group.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "expect_rejected.hpp"
 
 namespace cpkit {
 namespace {
 
-void expect_rejected(const std::function<void()>& call, const std::string& argument,
-                     std::initializer_list<std::string> fragments) {
-  try {
-    call();
-    ADD_FAILURE() << "no error raised; expected one naming '" << argument << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    for (const auto& f : fragments)
-      EXPECT_NE(std::string(e.what()).find(f), std::string::npos)
-          << "message lacks '" << f << "': " << e.what();
-  }
-}
+const auto expect_rejected = &cpkit::test::expect_rejected<Error>;
 
 at::Tensor ints(std::vector<int64_t> v) { return at::tensor(v, at::kLong).unsqueeze(0); }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cpkit/reference/reference.hpp"
+#include "expect_rejected.hpp"
 #include "literals.hpp"
 
 namespace cpkit::reference {
@@ -12,19 +13,7 @@ namespace {
 
 using testing::ints;
 
-// Runs `call`, expects an Error for `argument` whose message holds every fragment.
-void expect_rejected(const std::function<void()>& call, const std::string& argument,
-                     std::initializer_list<std::string> fragments) {
-  try {
-    call();
-    ADD_FAILURE() << "no error raised; expected one naming '" << argument << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    for (const auto& f : fragments)
-      EXPECT_NE(std::string(e.what()).find(f), std::string::npos)
-          << "message lacks '" << f << "': " << e.what();
-  }
-}
+const auto expect_rejected = &cpkit::test::expect_rejected<Error>;
 
 BshdBatch good_bshd() {
   BshdBatch b;
