@@ -71,7 +71,10 @@ bool receive_message(int fd, std::string& bytes, int timeout_ms) {
     const std::string payload = message.substr(2 + name_len);
     std::string reply;
     try {
-      reply = std::string(1, '\0') + tasks().at(name)(payload, meshes[cp], rank);
+      // Appended, not concatenated: GCC 12's -O3 -Wrestrict misfires on string + string.
+      const std::string answer = tasks().at(name)(payload, meshes[cp], rank);
+      reply.assign(1, '\0');
+      reply.append(answer);
     } catch (const std::exception& e) {
       reply = kErrorPrefix + e.what();
     }

@@ -4,6 +4,7 @@
 
 #include "cpkit/optimized/ops.hpp"
 #include "fault_injection.hpp"
+#include "host_cache_internal.hpp"
 #include "mesh_capsule.hpp"
 #include "tensor_checks.hpp"
 
@@ -45,7 +46,7 @@ at::Tensor all_gather_rows(const at::Tensor& value, Communicator& comm) {
   const at::Tensor in = value.contiguous();
   std::vector<int64_t> sizes = in.sizes().vec();
   sizes[0] *= comm.size();
-  at::Tensor out = at::empty(sizes, in.options());
+  at::Tensor out = detail::empty_reusable(sizes, in.options());
   comm.all_gather(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(in.numel()),
                   detail::scalar_kind(in, "value"));
   return out;
@@ -65,7 +66,7 @@ class GatherTokens : public torch::autograd::Function<GatherTokens> {
     const at::Tensor grad = grads[0].contiguous();
     std::vector<int64_t> sizes = grad.sizes().vec();
     sizes[0] /= mesh->size();
-    at::Tensor out = at::empty(sizes, grad.options());
+    at::Tensor out = detail::empty_reusable(sizes, grad.options());
     if (detail::fault("gather_backward_narrow"))  // own slice of own gradient only
       return {grad.narrow(0, mesh->rank() * sizes[0], sizes[0]).clone(), at::Tensor()};
     mesh->reduce_scatter_sum(grad.data_ptr(), out.data_ptr(), static_cast<std::size_t>(out.numel()),

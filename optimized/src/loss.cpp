@@ -6,6 +6,7 @@
 #include "cpkit/optimized/ops.hpp"
 #include "cuda_glue.hpp"
 #include "fault_injection.hpp"
+#include "host_cache_internal.hpp"
 #include "kernels/cross_entropy.hpp"
 #include "kernels/cross_entropy_launch.hpp"
 #include "tensor_checks.hpp"
@@ -82,7 +83,7 @@ class ShiftedCrossEntropy : public torch::autograd::Function<ShiftedCrossEntropy
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
                             const at::Tensor& targets, const at::Tensor& count, int64_t cp,
                             double softcap) {
-    at::Tensor grad = at::empty_like(logits);
+    at::Tensor grad = detail::empty_reusable_like(logits);
     at::Tensor row_loss = at::empty({targets.numel()}, logits.options());
     const at::Tensor flat_targets = targets.contiguous();
     kernels::CrossEntropyArgs args{};

@@ -2,6 +2,7 @@
 // device-agnostic ATen ops (CPU and CUDA tensors alike).
 #include "cpkit/optimized/error.hpp"
 #include "fault_injection.hpp"
+#include "host_cache_internal.hpp"
 #include "sharder_internal.hpp"
 #include "tensor_checks.hpp"
 
@@ -55,13 +56,15 @@ std::vector<Sharder::Microbatch> bshd_microbatches(const CPBatch& batch, int cp_
 
 at::Tensor take_padded(const at::Tensor& x, const Layout& l, double fill) {
   // A shard inside [0, S) is a plain cut: a view where it is already contiguous (B = 1),
-  // one copy otherwise.
-  if (l.begin + l.local_len <= l.seq_len) return x.narrow(1, l.begin, l.local_len).contiguous();
+  // one copy otherwise; each output element is written once.
+  const int64_t start = std::min(l.begin, l.seq_len);
+  const at::Tensor cut = x.narrow(1, start, std::clamp<int64_t>(l.seq_len - start, 0, l.local_len));
+  if (cut.size(1) == l.local_len && cut.is_contiguous()) return cut;
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes[1] = l.local_len;
-  at::Tensor out = at::full(sizes, fill, x.options());
-  const int64_t real = std::clamp<int64_t>(l.seq_len - l.begin, 0, l.local_len);
-  if (real > 0) out.narrow(1, 0, real).copy_(x.narrow(1, l.begin, real));
+  at::Tensor out = empty_reusable(sizes, x.options());
+  out.narrow(1, 0, cut.size(1)).copy_(cut);
+  out.narrow(1, cut.size(1), l.local_len - cut.size(1)).fill_(fill);
   return out;
 }
 

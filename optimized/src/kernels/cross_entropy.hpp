@@ -95,18 +95,29 @@ CPKIT_HOST_DEVICE inline float cross_entropy_value(float capped_target, OnlineSo
   return (s.max - capped_target) + log_sum(s);
 }
 
+// d(scale * CE) / d z from the logit's softmax probability p (and, with the cap, its
+// t = tanh(z / c), whose 1 - t^2 is the cap's chain rule).
+template <bool kCapped>
+CPKIT_HOST_DEVICE inline float grad_from_probability(float p, bool is_target, float t,
+                                                     float scale) {
+  const float onehot = is_target ? 1.0f : 0.0f;
+  if constexpr (kCapped)
+    return (p - onehot) * scale * (1.0f - t * t);
+  else
+    return (p - onehot) * scale;
+}
+
 // d(scale * CE) / d z for one logit z of a row whose capped maximum is `row_max` and whose
 // log_sum is `ls` (softmax = exp((c - row_max) - ls)); with the cap, one tanh gives both the
-// capped value and its derivative 1 - tanh^2.
+// capped value and its derivative.
 template <bool kCapped>
 CPKIT_HOST_DEVICE inline float cross_entropy_grad(float z, bool is_target, float row_max, float ls,
                                                   float softcap, float scale) {
-  const float onehot = is_target ? 1.0f : 0.0f;
   if constexpr (kCapped) {
     const float t = fast_tanh(z / softcap);
-    return (fast_exp((softcap * t - row_max) - ls) - onehot) * scale * (1.0f - t * t);
+    return grad_from_probability<true>(fast_exp((softcap * t - row_max) - ls), is_target, t, scale);
   } else {
-    return (fast_exp((z - row_max) - ls) - onehot) * scale;
+    return grad_from_probability<false>(fast_exp((z - row_max) - ls), is_target, 0.0f, scale);
   }
 }
 

@@ -1,0 +1,103 @@
+// The host buffer cache: a freed output is handed to the next request that fits, its stale
+// contents never show through, the limit bounds what is kept, and 0 turns it off.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <limits>
+
+#include "cpkit/optimized/host_cache.hpp"
+#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/sharder.hpp"
+
+namespace cpkit {
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+// [1, 64, 8192] float32 logits: the CE gradient is exactly 2 MiB.
+at::Tensor ce_gradient(int seed) {
+  at::manual_seed(seed);
+  const at::Tensor logits = at::randn({1, 64, 8192}).requires_grad_(true);
+  const at::Tensor labels = at::randint(0, 8192, {1, 64}, at::kLong);
+  const at::Tensor loss = shifted_cp_loss(logits, labels, at::ones({64}, at::kBool), nullptr);
+  return torch::autograd::grad({loss}, {logits})[0];
+}
+
+class HostCache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    set_host_cache_limit(64 * kMiB);
+    release_host_cache();
+  }
+  void TearDown() override { set_host_cache_limit(std::size_t{4} << 30); }
+};
+
+TEST_F(HostCache, ReusesAFreedGradientForTheNextStep) {
+  at::Tensor first = ce_gradient(1);
+  const at::Tensor first_copy = first.clone();
+  const void* first_data = first.data_ptr();
+  first = at::Tensor();  // the step ends: the gradient is freed into the cache
+  EXPECT_EQ(host_cache_stats().cached_bytes, 2 * kMiB);
+
+  const HostCacheStats before = host_cache_stats();
+  const at::Tensor second = ce_gradient(1);
+  EXPECT_EQ(host_cache_stats().hits, before.hits + 1);
+  EXPECT_EQ(host_cache_stats().misses, before.misses);
+  EXPECT_EQ(second.data_ptr(), first_data);
+  EXPECT_TRUE(at::equal(second, first_copy)) << "a reused buffer changed the gradient";
+}
+
+TEST_F(HostCache, StaleContentsNeverShowThroughAShard) {
+  // Poison a 2 MiB block, then shard into exactly that size: [2, 256, 1024] float32 on rank
+  // 1 of CP = 2, S = 511, so the shard's last position is padding that must be written.
+  {
+    at::Tensor poisoned = ce_gradient(2);
+    poisoned.fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+  CPBatch batch;
+  batch.inputs_embeds = at::randn({2, 511, 1024});
+  batch.labels = at::randint(0, 100, {2, 511}, at::kLong);
+  const HostCacheStats before = host_cache_stats();
+  const LocalShard local = prepare_cp_inputs_for(batch, 2).local(0, 1);
+  EXPECT_EQ(host_cache_stats().hits, before.hits + 1) << "the shard did not take the block";
+  const at::Tensor expected =
+      at::constant_pad_nd(batch.inputs_embeds, {0, 0, 0, 1}).narrow(1, 256, 256);
+  EXPECT_TRUE(at::equal(local.inputs_embeds, expected));
+  EXPECT_FALSE(local.inputs_embeds.isnan().any().item<bool>());
+}
+
+TEST_F(HostCache, KeepsAtMostTheLimitDroppingTheOldestFirst) {
+  set_host_cache_limit(3 * kMiB);
+  at::Tensor a = ce_gradient(3), b = ce_gradient(4);
+  const void* b_data = b.data_ptr();
+  a = at::Tensor();
+  b = at::Tensor();  // b is kept, a (freed first) is dropped
+  EXPECT_EQ(host_cache_stats().cached_bytes, 2 * kMiB);
+  EXPECT_EQ(ce_gradient(5).data_ptr(), b_data);
+}
+
+TEST_F(HostCache, LimitZeroTurnsItOffAndFreesWhatIsCached) {
+  { const at::Tensor g = ce_gradient(6); }
+  EXPECT_EQ(host_cache_stats().cached_bytes, 2 * kMiB);
+  set_host_cache_limit(0);
+  EXPECT_EQ(host_cache_stats().cached_bytes, 0u);
+  const HostCacheStats before = host_cache_stats();
+  { const at::Tensor g = ce_gradient(6); }
+  EXPECT_EQ(host_cache_stats().hits, before.hits);
+  EXPECT_EQ(host_cache_stats().cached_bytes, 0u);
+}
+
+TEST_F(HostCache, SmallOutputsBypassIt) {
+  const HostCacheStats before = host_cache_stats();
+  CPBatch batch;
+  batch.inputs_embeds = at::randn({2, 64, 16});  // 8 KiB shards
+  batch.labels = at::randint(0, 100, {2, 64}, at::kLong);
+  const LocalShard local = prepare_cp_inputs_for(batch, 2).local(0, 1);
+  EXPECT_TRUE(at::equal(local.inputs_embeds, batch.inputs_embeds.narrow(1, 32, 32)));
+  EXPECT_EQ(host_cache_stats().hits + host_cache_stats().misses, before.hits + before.misses);
+}
+
+}  // namespace
+}  // namespace cpkit
