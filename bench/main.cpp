@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
   bool gather = true;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg.rfind("--benchmark_filter=", 0) == 0 && arg.find("Gather") == std::string::npos)
+    if ((arg.rfind("--benchmark_filter=", 0) == 0 && arg.find("Gather") == std::string::npos) ||
+        arg.rfind("--benchmark_list_tests", 0) == 0)
       gather = false;
   }
   if (gather) cpkit::pool::RankPool::instance();
