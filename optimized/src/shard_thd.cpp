@@ -98,23 +98,38 @@ std::vector<Sharder::Microbatch> thd_microbatches(const CPBatch& batch, int cp_s
 
 namespace {
 
-// document, position, padding of tokens [l.begin, l.end) on the host.
-void packed_layout_cpu(const Sharder::Microbatch& mb, const Layout& l, LocalShard& shard) {
+// All five streams of tokens [l.begin, l.end) on the host in one pass: document, position
+// and padding from the slot walk, then labels (-100 on padding and past the row) and valid
+// (a document's first token is predicted by nothing in that document).
+void packed_streams_cpu(const at::Tensor& row_labels, const Sharder::Microbatch& mb,
+                        const Layout& l, LocalShard& shard) {
   shard.document_ids = at::empty({1, l.local_len}, at::kLong);
   shard.position_ids = at::empty({1, l.local_len}, at::kLong);
   shard.padding = at::empty({1, l.local_len}, at::kBool);
+  shard.labels = at::empty({1, l.local_len}, at::kLong);
+  shard.valid = at::empty({l.local_len}, at::kBool);
+  const at::Tensor labels_in = row_labels.contiguous();
+  const int64_t* labels = labels_in.data_ptr<int64_t>();
   const int64_t* cu = mb.cu_padded.data_ptr<int64_t>();
   const int64_t* lens = mb.lens.data_ptr<int64_t>();
-  const int64_t docs = mb.lens.numel();
+  const int64_t docs = mb.lens.numel(), T = l.seq_len;
   int64_t* doc_out = shard.document_ids.data_ptr<int64_t>();
   int64_t* pos_out = shard.position_ids.data_ptr<int64_t>();
   bool* pad_out = shard.padding.data_ptr<bool>();
-  at::parallel_for(0, l.local_len, 4096, [&](int64_t begin, int64_t end) {
+  int64_t* label_out = shard.labels.data_ptr<int64_t>();
+  bool* valid_out = shard.valid.data_ptr<bool>();
+  // Grain: a shard of tens of thousands of tokens is done before a second thread would wake.
+  at::parallel_for(0, l.local_len, 65536, [&](int64_t begin, int64_t end) {
+    kernels::PackedWalk walk(l.begin + begin, cu, lens, docs);
     for (int64_t j = begin; j < end; ++j) {
-      const kernels::PackedToken tok = kernels::packed_token(l.begin + j, cu, lens, docs);
+      const int64_t t = l.begin + j;
+      const kernels::PackedToken tok = walk.at(t);
+      const int64_t label = tok.padding || t >= T ? int64_t{-100} : labels[t];
       doc_out[j] = tok.document;
       pos_out[j] = tok.position;
       pad_out[j] = tok.padding;
+      label_out[j] = label;
+      valid_out[j] = !tok.padding && label != -100 && tok.position > 0;
     }
   });
 }
@@ -146,26 +161,34 @@ void packed_layout_device(const Sharder::Microbatch& mb, const Layout& l, at::De
 void fill_thd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const Layout& l,
                       LocalShard& shard) {
   const auto device = batch.labels.device();
+  const at::Tensor row_labels = batch.labels.narrow(0, mb.first_row, 1);
 #if CPKIT_WITH_CUDA
-  if (device.is_cuda())
-    packed_layout_device(mb, l, device, shard);
-  else
-    packed_layout_cpu(mb, l, shard);
+  const bool on_host = !device.is_cuda();
 #else
-  packed_layout_cpu(mb, l, shard);
-  shard.document_ids = shard.document_ids.to(device);
-  shard.position_ids = shard.position_ids.to(device);
-  shard.padding = shard.padding.to(device);
+  const bool on_host = true;  // no CUDA kernels: computed here, then moved
 #endif
+  if (on_host) {
+    packed_streams_cpu(row_labels.squeeze(0).cpu(), mb, l, shard);
+    if (!device.is_cpu())
+      for (at::Tensor* t :
+           {&shard.document_ids, &shard.position_ids, &shard.padding, &shard.labels, &shard.valid})
+        *t = t->to(device);
+    if (!detail::fault("packed_positions_global") && !detail::fault("padding_row_tail_only"))
+      return;
+  } else {
+#if CPKIT_WITH_CUDA
+    packed_layout_device(mb, l, device, shard);
+#endif
+  }
   if (detail::fault("packed_positions_global"))  // never restarting per document
     shard.position_ids = at::where(
         shard.document_ids > 0,
         at::arange(l.begin, l.end, shard.position_ids.options()).unsqueeze(0), shard.position_ids);
   if (detail::fault("padding_row_tail_only"))  // slot padding taken for real tokens
     shard.padding = shard.document_ids == 0;
-  const at::Tensor labels = take_padded(batch.labels.narrow(0, mb.first_row, 1), l, -100);
+  // Labels and valid from the layout with ATen ops (the CUDA path, and planted faults).
+  const at::Tensor labels = take_padded(row_labels, l, -100);
   shard.labels = at::where(shard.padding, at::full({}, -100, labels.options()), labels);
-  // A document's first token is predicted by nothing in that document.
   shard.valid =
       ((~shard.padding) & (shard.labels != -100) & (shard.position_ids > 0)).reshape({-1});
 }

@@ -2,7 +2,8 @@
 // Bytes become a packed row's seq_lens / seq_lens_padded, T, CP and pad_multiple. The
 // reference must either reject them with cpkit::reference::Error, or accept them; then the
 // optimized path's packed_token kernel body (a different algorithm: binary search over slot
-// offsets) must agree with the reference on every token. Any other outcome traps.
+// offsets) and its host walk (PackedWalk, from token 0 and from a fuzzed start) must agree
+// with the reference on every token. Any other outcome traps.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -31,6 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const int cp = 1 + in.next() % 8;
   const int pad_multiple = 1 + in.next() % 3;
   const int D = 1 + in.next() % 6;
+  const int walk_start = in.next();
   PackedBatch batch;
   batch.input_ids = IntMatrix::Ones(1, T);
   batch.labels = IntMatrix::Ones(1, T);
@@ -51,11 +53,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (int d = 0; d < D; ++d)
       if (batch.seq_lens(0, d) != kSeqLenSentinel) lens.push_back(batch.seq_lens(0, d));
     if (g.padded_len % (cp * pad_multiple) != 0 || g.padded_len < T) __builtin_trap();
+    const auto docs = static_cast<std::int64_t>(lens.size());
+    const auto agrees = [&](const cpkit::kernels::PackedToken& tok, std::int64_t t) {
+      return tok.document == g.document_ids(0, t) && tok.position == g.position_ids(0, t) &&
+             tok.padding == g.padding(0, t);
+    };
+    const std::int64_t start = walk_start % g.padded_len;
+    cpkit::kernels::PackedWalk from_zero(0, g.cu_seqlens_padded.data(), lens.data(), docs);
+    cpkit::kernels::PackedWalk from_start(start, g.cu_seqlens_padded.data(), lens.data(), docs);
     for (std::int64_t t = 0; t < g.padded_len; ++t) {
-      const auto tok = cpkit::kernels::packed_token(t, g.cu_seqlens_padded.data(), lens.data(),
-                                                    static_cast<std::int64_t>(lens.size()));
-      if (tok.document != g.document_ids(0, t) || tok.position != g.position_ids(0, t) ||
-          tok.padding != g.padding(0, t))
+      if (!agrees(cpkit::kernels::packed_token(t, g.cu_seqlens_padded.data(), lens.data(), docs),
+                  t) ||
+          !agrees(from_zero.at(t), t) || (t >= start && !agrees(from_start.at(t), t)))
         __builtin_trap();
     }
   } catch (const Error&) {

@@ -31,4 +31,30 @@ CPKIT_HOST_DEVICE inline PackedToken packed_token(std::int64_t t, const std::int
   return {lo + 1, offset, offset >= lens[lo]};
 }
 
+// Tokens t0, t0 + 1, ... in increasing order on the host: one binary search (packed_token)
+// for the first, then a walk over slot starts under the same rule, O(1) per token.
+class PackedWalk {
+ public:
+  PackedWalk(std::int64_t t0, const std::int64_t* cu_padded, const std::int64_t* lens,
+             std::int64_t docs)
+      : cu_(cu_padded), lens_(lens), docs_(docs) {
+    const std::int64_t first = packed_token(t0, cu_padded, lens, docs).document;
+    slot_ = first > 0 ? first - 1 : docs - 1;
+  }
+
+  // t must not decrease from one call to the next (and start at t0 or later).
+  PackedToken at(std::int64_t t) {
+    if (t >= cu_[docs_]) return {0, 0, true};
+    while (slot_ + 1 < docs_ && cu_[slot_ + 1] <= t) ++slot_;
+    const std::int64_t offset = t - cu_[slot_];
+    return {slot_ + 1, offset, offset >= lens_[slot_]};
+  }
+
+ private:
+  const std::int64_t* cu_;
+  const std::int64_t* lens_;
+  std::int64_t docs_;
+  std::int64_t slot_;
+};
+
 }  // namespace cpkit::kernels
