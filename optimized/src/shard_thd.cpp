@@ -158,39 +158,47 @@ void packed_layout_device(const Sharder::Microbatch& mb, const Layout& l, at::De
 
 }  // namespace
 
+namespace {
+
+// Labels and valid derived from the layout streams with ATen ops (any device).
+void labels_and_valid_from_layout(const at::Tensor& row_labels, const Layout& l,
+                                  LocalShard& shard) {
+  const at::Tensor labels = take_padded(row_labels, l, -100);
+  shard.labels = at::where(shard.padding, at::full({}, -100, labels.options()), labels);
+  // A document's first token is predicted by nothing in that document.
+  shard.valid =
+      ((~shard.padding) & (shard.labels != -100) & (shard.position_ids > 0)).reshape({-1});
+}
+
+}  // namespace
+
 void fill_thd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const Layout& l,
                       LocalShard& shard) {
   const auto device = batch.labels.device();
   const at::Tensor row_labels = batch.labels.narrow(0, mb.first_row, 1);
 #if CPKIT_WITH_CUDA
-  const bool on_host = !device.is_cuda();
-#else
-  const bool on_host = true;  // no CUDA kernels: computed here, then moved
-#endif
-  if (on_host) {
-    packed_streams_cpu(row_labels.squeeze(0).cpu(), mb, l, shard);
-    if (!device.is_cpu())
-      for (at::Tensor* t :
-           {&shard.document_ids, &shard.position_ids, &shard.padding, &shard.labels, &shard.valid})
-        *t = t->to(device);
-    if (!detail::fault("packed_positions_global") && !detail::fault("padding_row_tail_only"))
-      return;
-  } else {
-#if CPKIT_WITH_CUDA
+  if (device.is_cuda()) {
     packed_layout_device(mb, l, device, shard);
-#endif
+    return labels_and_valid_from_layout(row_labels, l, shard);
   }
-  if (detail::fault("packed_positions_global"))  // never restarting per document
+#endif
+  // Host pass (without CUDA kernels, CUDA tensors are computed here, then moved).
+  packed_streams_cpu(row_labels.squeeze(0).cpu(), mb, l, shard);
+  if (!device.is_cpu())
+    for (at::Tensor* t :
+         {&shard.document_ids, &shard.position_ids, &shard.padding, &shard.labels, &shard.valid})
+      *t = t->to(device);
+  // Planted bugs (test-only twin): corrupt the layout, then derive labels and valid from it.
+  const bool positions_global = detail::fault("packed_positions_global");
+  const bool padding_tail_only = detail::fault("padding_row_tail_only");
+  if (!positions_global && !padding_tail_only) return;
+  if (positions_global)  // never restarting per document
     shard.position_ids = at::where(
         shard.document_ids > 0,
         at::arange(l.begin, l.end, shard.position_ids.options()).unsqueeze(0), shard.position_ids);
-  if (detail::fault("padding_row_tail_only"))  // slot padding taken for real tokens
+  if (padding_tail_only)  // slot padding taken for real tokens
     shard.padding = shard.document_ids == 0;
-  // Labels and valid from the layout with ATen ops (the CUDA path, and planted faults).
-  const at::Tensor labels = take_padded(row_labels, l, -100);
-  shard.labels = at::where(shard.padding, at::full({}, -100, labels.options()), labels);
-  shard.valid =
-      ((~shard.padding) & (shard.labels != -100) & (shard.position_ids > 0)).reshape({-1});
+  labels_and_valid_from_layout(row_labels, l, shard);
 }
 
 }  // namespace cpkit::detail

@@ -28,10 +28,14 @@ at::Tensor ce_gradient(int seed) {
 class HostCache : public ::testing::Test {
  protected:
   void SetUp() override {
+    previous_limit_ = host_cache_stats().limit_bytes;  // 0 in sanitizer builds
     set_host_cache_limit(64 * kMiB);
     release_host_cache();
   }
-  void TearDown() override { set_host_cache_limit(std::size_t{4} << 30); }
+  void TearDown() override { set_host_cache_limit(previous_limit_); }
+
+ private:
+  std::size_t previous_limit_ = 0;
 };
 
 TEST_F(HostCache, ReusesAFreedGradientForTheNextStep) {
