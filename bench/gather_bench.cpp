@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "bench_util.hpp"
-#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/gather.hpp"
 #include "rank_pool.hpp"
 
 namespace {

@@ -9,7 +9,7 @@
 #include <functional>
 
 #include "bench_util.hpp"
-#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/sharder.hpp"
 
 namespace {

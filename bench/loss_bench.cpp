@@ -4,7 +4,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "bench_util.hpp"
-#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/loss.hpp"
 #include "cpkit/reference/loss.hpp"
 
 namespace {

@@ -29,6 +29,8 @@ OUT = pathlib.Path(__file__).resolve().parent / "cases"
 
 
 def padded_length(n, cp, pad_multiple):
+    if cp == 1:  # CP = 1 is the identity on layout
+        return n
     m = cp * pad_multiple
     return (n + m - 1) // m * m
 
@@ -72,11 +74,14 @@ def thd_streams(ids, labels, lens, slots, t_pad, pad_id):
     return out
 
 
-def truth(logits, labels):
-    """HF shifted mean CE over rows [rows, S, V] with -100 ignored; per-position CE too."""
+def truth(logits, labels, softcap):
+    """HF shifted mean CE over rows [rows, S, V] with -100 ignored; per-position CE too. With
+    softcap > 0 the model's cap softcap * tanh(z / softcap) comes first, differentiated by
+    autograd (the gradient is w.r.t. the raw logits)."""
     x = logits.clone().requires_grad_(True)
     V = x.shape[-1]
-    shift_logits = x[:, :-1, :].reshape(-1, V)
+    z = softcap * torch.tanh(x / softcap) if softcap > 0 else x
+    shift_logits = z[:, :-1, :].reshape(-1, V)
     shift_labels = labels[:, 1:].reshape(-1)
     per_token = F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE, reduction="none")
     count = int((shift_labels != IGNORE).sum())
@@ -84,15 +89,16 @@ def truth(logits, labels):
     mean.backward()
     if ForCausalLMLoss is not None and count:
         with torch.no_grad():
-            hf = ForCausalLMLoss(logits.contiguous(), labels, vocab_size=V)
+            hf = ForCausalLMLoss(z.detach().contiguous(), labels, vocab_size=V)
         assert abs(float(hf) - float(mean.detach())) < 1e-6, (float(hf), float(mean.detach()))
     ce = torch.zeros(labels.shape)
     ce[:, :-1] = per_token.detach().reshape(labels.shape[0], -1)
-    return float(mean), x.grad, ce, count
+    return float(mean.detach()), x.grad, ce, count
 
 
 def make_case(name, fmt, cp, rows, S, vocab, seed, num_chunks=1, pad_multiple=1, pad_id=0,
-              docs=None, mask_zeros=(), ignore=(), positions_offset=None):
+              docs=None, mask_zeros=(), ignore=(), positions_offset=None, positions=None,
+              softcap=0.0, logit_scale=3.0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, vocab, (rows, S), generator=g).tolist()
     labels = torch.randint(0, vocab, (rows, S), generator=g).tolist()
@@ -100,15 +106,18 @@ def make_case(name, fmt, cp, rows, S, vocab, seed, num_chunks=1, pad_multiple=1,
         labels[b][t] = IGNORE
     inputs = {"input_ids": ids, "labels": labels}
     mask = None
-    positions = [[t for t in range(S)] for _ in range(rows)]
+    explicit_positions = positions is not None or positions_offset is not None
+    if positions is None:
+        offset = positions_offset or 0
+        positions = [[offset + (b if positions_offset is not None else 0) + t for t in range(S)]
+                     for b in range(rows)]
     if fmt == "bshd":
         if mask_zeros:
             mask = [[1] * S for _ in range(rows)]
             for (b, t) in mask_zeros:
                 mask[b][t] = 0
             inputs["attention_mask"] = mask
-        if positions_offset is not None:
-            positions = [[positions_offset + b + t for t in range(S)] for b in range(rows)]
+        if explicit_positions:
             inputs["position_ids"] = positions
     else:
         width = max(len(d) for d in docs)
@@ -121,7 +130,7 @@ def make_case(name, fmt, cp, rows, S, vocab, seed, num_chunks=1, pad_multiple=1,
     L = s_pad // cp
     per_mb = rows // num_chunks if fmt == "bshd" else 1
     microbatches = []
-    logits_all = torch.randn(rows, s_pad, vocab, generator=g) * 3.0
+    logits_all = torch.randn(rows, s_pad, vocab, generator=g) * logit_scale
     for m in range(num_chunks):
         row_ids = list(range(m * per_mb, (m + 1) * per_mb))
         streams = []
@@ -133,7 +142,7 @@ def make_case(name, fmt, cp, rows, S, vocab, seed, num_chunks=1, pad_multiple=1,
         logits = logits_all[row_ids]
         # HF labels on the unpadded rows: -100 wherever the layout says "not a target".
         hf_labels = torch.tensor([[st["labels"][t] if st["valid"][t] else IGNORE for t in range(S)] for st in streams])
-        mean, grad, ce, count = truth(logits[:, :S, :], hf_labels)
+        mean, grad, ce, count = truth(logits[:, :S, :], hf_labels, softcap)
         ranks = []
         for r in range(cp):
             begin, end = r * L, (r + 1) * L
@@ -159,6 +168,7 @@ def make_case(name, fmt, cp, rows, S, vocab, seed, num_chunks=1, pad_multiple=1,
             "ranks": ranks})
     case = {"name": name, "format": fmt, "cp": cp, "num_chunks": num_chunks,
             "pad_multiple": pad_multiple, "pad_token_id": pad_id, "vocab": vocab,
+            "softcap": softcap,
             "oracle": "torch.nn.functional.cross_entropy" + (" + transformers ForCausalLMLoss" if ForCausalLMLoss else ""),
             "inputs": inputs, "microbatches": microbatches}
     (OUT / f"{name}.json").write_text(json.dumps(case, indent=1) + "\n")
@@ -190,6 +200,15 @@ def main():
               docs=[[(1, 0), (6, 2), (2, 0)]])
     make_case("thd_cp6_tail_only_rank", "thd", cp=6, rows=1, S=14, vocab=5, seed=15,
               docs=[[(4, 0), (3, 1)]])
+    # Soft cap (Gemma 2 style, c * tanh(z / c)) with logits large enough that the cap bites.
+    make_case("bshd_cp2_softcap", "bshd", cp=2, rows=2, S=7, vocab=9, seed=16, softcap=5.0,
+              logit_scale=8.0, ignore=[(1, 3)])
+    make_case("thd_cp3_softcap", "thd", cp=3, rows=1, S=11, vocab=6, seed=17, softcap=2.5,
+              logit_scale=6.0, docs=[[(4, 1), (5, 0)]])
+    # Positions that restart (documents packed into a BSHD row) and jump (left padding).
+    make_case("bshd_cp3_restarting_positions", "bshd", cp=3, rows=2, S=8, vocab=5, seed=18,
+              positions=[[5, 6, 7, 0, 1, 2, 3, 4], [0, 1, 4, 5, 6, 0, 9, 10]],
+              mask_zeros=[(1, 0)])
     print(f"wrote {len(list(OUT.glob('*.json')))} cases to {OUT}")
 
 

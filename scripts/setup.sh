@@ -45,3 +45,14 @@ if ! compgen -G "$venv/lib/python3*/site-packages/torch-$torch_version.dist-info
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$torch_version" numpy
 fi
 echo "setup: torch $torch_version present in $venv"
+# The Python package's build backend and test runner, pinned, into the same venv.
+python_tools=(scikit-build-core==1.1.2 pytest==9.2.0)
+for tool in "${python_tools[@]}"; do
+  name=${tool%%==*}
+  if ! compgen -G "$venv/lib/python3*/site-packages/${name//-/_}-${tool##*==}.dist-info" >/dev/null; then
+    echo "setup: installing ${python_tools[*]} into $venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "${python_tools[@]}"
+    break
+  fi
+done
+echo "setup: ${python_tools[*]} present in $venv"

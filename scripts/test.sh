@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The tests: set up, check formatting, build, run every CTest test; then rebuild with
+# The tests: set up, check formatting, build, run every CTest test; build the Python package
+# with pip and run its pytest suite; then rebuild with
 # AddressSanitizer + UndefinedBehaviorSanitizer in a second tree and run the tests again;
 # then replay the fuzz regressions and fuzz the packed-layout planner for 60 s.
 set -euo pipefail
@@ -14,6 +15,11 @@ echo "== build (RelWithDebInfo, warnings are errors)"
 "$root/scripts/build.sh" "$root/build"
 echo "== ctest"
 ctest --test-dir "$root/build" --output-on-failure -j "$jobs"
+
+echo "== python: pip install . into the torch venv (same CMake project), then pytest"
+venv=${CPKIT_TORCH_VENV:-$HOME/.cache/cpkit/torch-2.11.0}
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps "$root"
+(cd "$root/python/tests" && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
 
 echo "== build (ASan + UBSan)"
 "$root/scripts/build.sh" "$root/build-asan" -DCPKIT_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug

@@ -18,6 +18,7 @@ struct DemoOptions {
   int vocab = 32;
   std::uint64_t seed = 1;
   std::string impl = "reference";
+  std::string launcher = "fork";  // fork: --cp rank processes; env: one rank of torchrun/srun
   bool help = false;
 };
 
@@ -39,8 +40,14 @@ reference::FloatMatrix make_demo_logits(const DemoOptions& options, Eigen::Index
 DemoResult run_reference(const DemoOptions& options);
 // The same batch through cpkit's optimized path in `cp` real rank processes over Gloo.
 DemoResult run_optimized(const DemoOptions& options);
+// --launcher env: this process is one rank of a world started by torchrun or srun; CP groups
+// of --cp contiguous ranks each run the demo batch (seed + group index, so DP groups differ).
+// Prints this rank's line and returns whether its shard and loss equal the reference's.
+bool run_launched(const DemoOptions& options, std::ostream& os);
 // Shards equal and losses within FP32 tolerance; prints what differs.
 bool same_result(const DemoResult& optimized, const DemoResult& reference, std::ostream& os);
+bool same_rank(const reference::LocalShard& a, double loss_a, const reference::LocalShard& b,
+               double loss_b, std::ostream& os);
 void print_report(const DemoOptions& options, const reference::PackedBatch& batch,
                   const DemoResult& result, std::ostream& os);
 

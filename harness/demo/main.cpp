@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
       print_help(std::cout);
       return 0;
     }
+    if (options.launcher == "env") return run_launched(options, std::cout) ? 0 : 1;
     const DemoResult result =
         options.impl == "optimized" ? run_optimized(options) : run_reference(options);
     print_report(options, make_demo_batch(options), result, std::cout);

@@ -10,4 +10,9 @@ DemoResult run_optimized(const DemoOptions&) {
       "--impl optimized: this cpkit-demo was built without LibTorch (-DCPKIT_WITH_TORCH=OFF)");
 }
 
+bool run_launched(const DemoOptions&, std::ostream&) {
+  throw std::invalid_argument(
+      "--launcher env: this cpkit-demo was built without LibTorch (-DCPKIT_WITH_TORCH=OFF)");
+}
+
 }  // namespace cpkit::demo

@@ -4,7 +4,8 @@
 
 #include <sstream>
 
-#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/launch.hpp"
+#include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/sharder.hpp"
 #include "demo.hpp"
 #include "rank_processes.hpp"
@@ -63,33 +64,44 @@ void parse(const std::string& text, reference::LocalShard& shard, double& loss) 
   in >> loss;
 }
 
+// The demo batch as the optimized path takes it, and its padded logits.
+struct DemoInputs {
+  CPBatch batch;
+  at::Tensor logits;  // [1, T_pad, V]
+};
+
+DemoInputs demo_inputs(const DemoOptions& o) {
+  const reference::PackedBatch packed = make_demo_batch(o);
+  DemoInputs in;
+  in.batch.qkv_format = "thd";
+  in.batch.input_ids = to_tensor(*packed.input_ids);
+  in.batch.labels = to_tensor(packed.labels);
+  in.batch.seq_lens = to_tensor(packed.seq_lens);
+  in.batch.seq_lens_padded = to_tensor(packed.seq_lens_padded);
+  const std::int64_t T = packed.labels.cols();
+  const std::int64_t T_pad = o.cp == 1 ? T : (T + o.cp - 1) / o.cp * o.cp;
+  const reference::FloatMatrix logits = make_demo_logits(o, T_pad);
+  in.logits =
+      at::from_blob(const_cast<float*>(logits.data()), {1, T_pad, o.vocab}, at::kFloat).clone();
+  return in;
+}
+
+// One rank's part: its shard and its loss, as text.
+std::string run_rank(const DemoInputs& in, const MeshPtr& mesh) {
+  const Sharder sharder = prepare_packed_cp_inputs(in.batch, mesh, /*num_chunks=*/1);
+  const LocalShard shard = sharder.local(0);
+  const at::Tensor local_logits =
+      in.logits.narrow(1, shard.layout.begin, shard.layout.local_len).contiguous();
+  const at::Tensor loss = shifted_cp_loss(local_logits, shard.labels, shard.valid, mesh);
+  return serialise(shard, loss.item<float>());
+}
+
 }  // namespace
 
 DemoResult run_optimized(const DemoOptions& o) {
-  const reference::PackedBatch packed = make_demo_batch(o);
-  CPBatch batch;
-  batch.qkv_format = "thd";
-  batch.input_ids = to_tensor(*packed.input_ids);
-  batch.labels = to_tensor(packed.labels);
-  batch.seq_lens = to_tensor(packed.seq_lens);
-  batch.seq_lens_padded = to_tensor(packed.seq_lens_padded);
-  const std::int64_t T = packed.labels.cols();
-  const std::int64_t T_pad = (T + o.cp - 1) / o.cp * o.cp;
-  const reference::FloatMatrix logits_matrix = make_demo_logits(o, T_pad);
-  const at::Tensor logits =
-      at::from_blob(const_cast<float*>(logits_matrix.data()), {1, T_pad, o.vocab}, at::kFloat)
-          .clone();
-
-  const auto outcomes = ranks::run_ranks_collect(o.cp, [&](int rank, const MeshPtr& mesh) {
-    const Sharder sharder = prepare_packed_cp_inputs(batch, mesh, /*num_chunks=*/1);
-    const LocalShard shard = sharder.local(0);
-    const at::Tensor local_logits =
-        logits.narrow(1, shard.layout.begin, shard.layout.local_len).contiguous();
-    const at::Tensor loss = shifted_cp_loss(local_logits, shard.labels, shard.valid, mesh);
-    (void)rank;
-    return serialise(shard, loss.item<float>());
-  });
-
+  const DemoInputs in = demo_inputs(o);
+  const auto outcomes =
+      ranks::run_ranks_collect(o.cp, [&](int, const MeshPtr& mesh) { return run_rank(in, mesh); });
   DemoResult result;
   for (const auto& outcome : outcomes) {
     if (!outcome.ok)
@@ -105,6 +117,29 @@ DemoResult run_optimized(const DemoOptions& o) {
   }
   result.single_device = run_reference(o).single_device;
   return result;
+}
+
+bool run_launched(const DemoOptions& options, std::ostream& os) {
+  EnvMeshOptions mesh_options;
+  mesh_options.cp_size = options.cp;
+  const EnvMesh env = make_mesh_from_env(mesh_options);
+  if (env.cp_size != options.cp)
+    throw std::invalid_argument("--cp " + std::to_string(options.cp) + " but the CP group has " +
+                                std::to_string(env.cp_size) + " ranks");
+  DemoOptions group = options;
+  group.seed = options.seed + static_cast<std::uint64_t>(env.cp_group);  // DP groups differ
+  reference::LocalShard shard;
+  double loss = 0;
+  parse(run_rank(demo_inputs(group), env.mesh), shard, loss);
+  const DemoResult expected = run_reference(group);
+  std::ostringstream line;
+  line << "world rank " << env.env.rank << "/" << env.env.world_size << " (" << env.env.launcher
+       << ", CP group " << env.cp_group << " of " << env.num_groups << ", CP rank " << env.cp_rank
+       << " of " << env.cp_size << "): ";
+  const bool ok = same_rank(shard, loss, expected.shards[static_cast<std::size_t>(env.cp_rank)],
+                            expected.losses[static_cast<std::size_t>(env.cp_rank)].value, line);
+  os << line.str() << std::flush;
+  return ok;
 }
 
 }  // namespace cpkit::demo

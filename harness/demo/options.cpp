@@ -41,6 +41,9 @@ void print_help(std::ostream& os) {
         "  --impl NAME        reference (the Eigen oracle; default) or optimized (LibTorch\n"
         "                     path in --cp real rank processes over Gloo, compared with the\n"
         "                     reference)\n"
+        "  --launcher NAME    with --impl optimized: fork (default; --cp forked ranks) or env\n"
+        "                     (this process is one rank started by torchrun or srun; the\n"
+        "                     world is cut into CP groups of --cp contiguous ranks)\n"
         "  --help             this text\n";
 }
 
@@ -75,10 +78,17 @@ DemoOptions parse_options(int argc, char** argv) {
         throw std::invalid_argument(flag + ": unknown implementation '" + value +
                                     "' (available: reference, optimized)");
       o.impl = value;
+    } else if (flag == "--launcher") {
+      if (value != "fork" && value != "env")
+        throw std::invalid_argument(flag + ": unknown launcher '" + value +
+                                    "' (available: fork, env)");
+      o.launcher = value;
     } else {
       throw std::invalid_argument("unknown flag '" + flag + "' (see --help)");
     }
   }
+  if (o.launcher == "env" && o.impl != "optimized")
+    throw std::invalid_argument("--launcher env: needs --impl optimized");
   return o;
 }
 

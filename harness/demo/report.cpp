@@ -46,20 +46,25 @@ void print_report(const DemoOptions& options, const reference::PackedBatch& batc
      << "difference:                      " << std::setprecision(3) << diff << "\n";
 }
 
+bool same_rank(const reference::LocalShard& a, double loss_a, const reference::LocalShard& b,
+               double loss_b, std::ostream& os) {
+  const bool shards_equal = *a.input_ids == *b.input_ids && a.labels == b.labels &&
+                            a.position_ids == b.position_ids && a.document_ids == b.document_ids &&
+                            a.padding == b.padding && a.valid == b.valid;
+  const double diff = loss_a - loss_b;
+  const bool loss_close = std::abs(diff) <= 1e-5 * (1 + std::abs(loss_b));  // NaN fails
+  os << "shards " << (shards_equal ? "identical" : "DIFFER") << ", loss difference "
+     << std::setprecision(3) << diff << (loss_close ? "" : " (too large)") << "\n";
+  return shards_equal && loss_close;
+}
+
 bool same_result(const DemoResult& optimized, const DemoResult& reference, std::ostream& os) {
   bool ok = true;
   for (std::size_t r = 0; r < reference.shards.size(); ++r) {
-    const auto& a = optimized.shards[r];
-    const auto& b = reference.shards[r];
-    const bool shards_equal =
-        *a.input_ids == *b.input_ids && a.labels == b.labels && a.position_ids == b.position_ids &&
-        a.document_ids == b.document_ids && a.padding == b.padding && a.valid == b.valid;
-    const double diff = optimized.losses[r].value - reference.losses[r].value;
-    const bool loss_close = std::abs(diff) <= 1e-5 * (1 + std::abs(reference.losses[r].value));
-    os << "  rank " << r << ": shards " << (shards_equal ? "identical" : "DIFFER")
-       << ", loss difference " << std::setprecision(3) << diff << (loss_close ? "" : " (too large)")
-       << "\n";
-    ok = ok && shards_equal && loss_close;
+    os << "  rank " << r << ": ";
+    ok = same_rank(optimized.shards[r], optimized.losses[r].value, reference.shards[r],
+                   reference.losses[r].value, os) &&
+         ok;
   }
   return ok;
 }

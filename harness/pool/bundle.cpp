@@ -27,12 +27,6 @@ void Bundle::add(const std::string& name, const at::Tensor& t) {
   items_.emplace_back(name, t.detach().cpu().contiguous());
 }
 
-bool Bundle::has(const std::string& name) const {
-  for (const auto& [n, t] : items_)
-    if (n == name) return true;
-  return false;
-}
-
 const at::Tensor& Bundle::get(const std::string& name) const {
   for (const auto& [n, t] : items_)
     if (n == name) return t;

@@ -13,7 +13,6 @@ class Bundle {
  public:
   void add(const std::string& name, const at::Tensor& t);
   const at::Tensor& get(const std::string& name) const;  // throws if absent
-  bool has(const std::string& name) const;
 
   std::string serialise() const;
   static Bundle parse(const std::string& bytes);

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cpkit/optimized/process_group.hpp"
+#include "tensor_closeness.hpp"
 
 namespace cpkit::ranks {
 
@@ -125,16 +126,8 @@ void require(bool condition, const std::string& what) {
 
 void require_close(const at::Tensor& actual, const at::Tensor& expected, double atol, double rtol,
                    const std::string& what) {
-  require(actual.sizes() == expected.sizes(),
-          what + ": shape " + c10::str(actual.sizes()) + " vs " + c10::str(expected.sizes()));
-  const at::Tensor a = actual.to(at::kDouble), e = expected.to(at::kDouble);
-  const at::Tensor bad = (a - e).abs() > (atol + rtol * e.abs());
-  if (bad.any().item<bool>()) {
-    const auto i = bad.flatten().nonzero()[0][0].item<int64_t>();
-    throw std::runtime_error(what + ": element " + std::to_string(i) + " is " +
-                             std::to_string(a.flatten()[i].item<double>()) + ", expected " +
-                             std::to_string(e.flatten()[i].item<double>()));
-  }
+  const std::string diff = harness::tensor_mismatch(actual, expected, atol, rtol);
+  if (!diff.empty()) throw std::runtime_error(what + ": " + diff);
 }
 
 void require_equal(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {

@@ -36,6 +36,7 @@ std::vector<RankOutcome> run_ranks_collect(
 
 // Inside a rank body: throw with a message (the parent reports it).
 void require(bool condition, const std::string& what);
+// The closeness rule of harness/compare/closeness.hpp (NaN is never close).
 void require_close(const at::Tensor& actual, const at::Tensor& expected, double atol, double rtol,
                    const std::string& what);
 void require_equal(const at::Tensor& actual, const at::Tensor& expected, const std::string& what);

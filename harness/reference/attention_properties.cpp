@@ -5,8 +5,10 @@
 
 #include "generators.hpp"
 
-namespace cpkit::reference::harness {
+namespace cpkit::harness {
 namespace {
+
+using namespace reference;  // the reference's types and operations, unqualified
 
 // Both sides compute in double from the same float inputs and round once to float; only the
 // order of the double sums differs, so float rounding bounds the difference.
@@ -24,10 +26,10 @@ RC_GTEST_PROP(ReferenceAttention, CpAttentionEqualsSingleDevice, ()) {
   const Sharder s = prepare_packed_cp_inputs(make_batch(c), options_of(c));
   const GlobalStreams& g = s.global(0);
   const auto T = g.padded_len;
-  const FloatMatrix q = random_floats(T, head, 1, c.seed + 1);
-  const FloatMatrix k = random_floats(T, head, 1, c.seed + 2);
-  const FloatMatrix v = random_floats(T, head, 1, c.seed + 3);
-  const FloatMatrix d_out = random_floats(T, head, 1, c.seed + 4);
+  const FloatMatrix q = random_floats(T, head, 1, input_seed(c.seed, Input::kQuery));
+  const FloatMatrix k = random_floats(T, head, 1, input_seed(c.seed, Input::kKey));
+  const FloatMatrix v = random_floats(T, head, 1, input_seed(c.seed, Input::kValue));
+  const FloatMatrix d_out = random_floats(T, head, 1, input_seed(c.seed, Input::kAttentionGrad));
   const TokenMeta meta = meta_of(g.position_ids, g.document_ids, g.padding);
 
   const FloatMatrix out = masked_attention(q, k, v, meta, meta);
@@ -67,10 +69,10 @@ RC_GTEST_PROP(ReferenceAttention, BackwardMatchesFiniteDifferences, ()) {
   const GlobalStreams& g = s.global(0);
   const auto T = g.padded_len;
   const int head = 2;
-  FloatMatrix q = random_floats(T, head, 1, c.seed + 1);
-  FloatMatrix k = random_floats(T, head, 1, c.seed + 2);
-  FloatMatrix v = random_floats(T, head, 1, c.seed + 3);
-  const FloatMatrix d_out = random_floats(T, head, 1, c.seed + 4);
+  FloatMatrix q = random_floats(T, head, 1, input_seed(c.seed, Input::kQuery));
+  FloatMatrix k = random_floats(T, head, 1, input_seed(c.seed, Input::kKey));
+  FloatMatrix v = random_floats(T, head, 1, input_seed(c.seed, Input::kValue));
+  const FloatMatrix d_out = random_floats(T, head, 1, input_seed(c.seed, Input::kAttentionGrad));
   const TokenMeta meta = meta_of(g.position_ids, g.document_ids, g.padding);
   const AttentionGrads grads = masked_attention_backward(q, k, v, meta, meta, d_out);
   auto objective = [&] {
@@ -99,4 +101,4 @@ RC_GTEST_PROP(ReferenceAttention, BackwardMatchesFiniteDifferences, ()) {
 }
 
 }  // namespace
-}  // namespace cpkit::reference::harness
+}  // namespace cpkit::harness

@@ -5,8 +5,10 @@
 
 #include "generators.hpp"
 
-namespace cpkit::reference::harness {
+namespace cpkit::harness {
 namespace {
+
+using namespace reference;  // the reference's types and operations, unqualified
 
 // The SPEC 3 rules, stated directly on one row.
 bool row_is_valid(const std::vector<std::int64_t>& lens, const std::vector<std::int64_t>& slots,
@@ -55,4 +57,4 @@ RC_GTEST_PROP(ReferenceBadInput, ArbitrarySeqLensAreAcceptedOrRejectedCleanly, (
 }
 
 }  // namespace
-}  // namespace cpkit::reference::harness
+}  // namespace cpkit::harness

@@ -4,8 +4,10 @@
 
 #include "generators.hpp"
 
-namespace cpkit::reference::harness {
+namespace cpkit::harness {
 namespace {
+
+using namespace reference;  // the reference's types and operations, unqualified
 
 struct GatherCase {
   int cp, tokens, features;
@@ -23,7 +25,8 @@ RC_GTEST_PROP(ReferenceGather, ForwardConcatenatesInRankOrder, ()) {
   const GatherCase c = *gen_gather_case();
   std::vector<FloatMatrix> local;
   for (int r = 0; r < c.cp; ++r)
-    local.push_back(random_floats(c.tokens, c.features, 1, c.seed + r));
+    local.push_back(
+        random_floats(c.tokens, c.features, 1, input_seed(c.seed, Input::kGatherValue, r)));
   const FloatMatrix gathered = gather_tokens(local);
   RC_ASSERT(gathered.rows() == c.cp * c.tokens);
   for (int r = 0; r < c.cp; ++r)
@@ -36,8 +39,9 @@ RC_GTEST_PROP(ReferenceGather, BackwardSumsEveryRanksSlice, ()) {
   // slice gives a different answer than the true sum.
   std::vector<FloatMatrix> upstream;
   for (int q = 0; q < c.cp; ++q)
-    upstream.push_back(random_floats(c.cp * c.tokens, c.features, 1, c.seed + 100 + q) *
-                       static_cast<float>(q + 1));
+    upstream.push_back(
+        random_floats(c.cp * c.tokens, c.features, 1, input_seed(c.seed, Input::kGatherGrad, q)) *
+        static_cast<float>(q + 1));
   const std::vector<FloatMatrix> grads = gather_tokens_backward(upstream);
   RC_ASSERT(static_cast<int>(grads.size()) == c.cp);
   for (int r = 0; r < c.cp; ++r) {
@@ -52,4 +56,4 @@ RC_GTEST_PROP(ReferenceGather, BackwardSumsEveryRanksSlice, ()) {
 }
 
 }  // namespace
-}  // namespace cpkit::reference::harness
+}  // namespace cpkit::harness

@@ -5,8 +5,10 @@
 
 #include "generators.hpp"
 
-namespace cpkit::reference::harness {
+namespace cpkit::harness {
 namespace {
+
+using namespace reference;  // the reference's types and operations, unqualified
 
 template <class Scalar>
 bool same(const Matrix<Scalar>& a, const Matrix<Scalar>& b) {
@@ -24,9 +26,13 @@ Matrix<Scalar> regather(const Sharder& s, int m, Pick pick) {
 void check_layout(const Sharder& s, int m) {
   const auto& g = s.global(m);
   const auto multiple = std::int64_t{s.options().cp_size} * s.options().pad_multiple;
-  RC_ASSERT(g.padded_len % multiple == 0);
-  RC_ASSERT(g.padded_len >= g.seq_len);
-  RC_ASSERT(g.padded_len - g.seq_len < multiple);
+  if (s.options().cp_size == 1) {
+    RC_ASSERT(g.padded_len == g.seq_len);  // CP = 1: the identity on layout, no padding
+  } else {
+    RC_ASSERT(g.padded_len % multiple == 0);
+    RC_ASSERT(g.padded_len >= g.seq_len);
+    RC_ASSERT(g.padded_len - g.seq_len < multiple);
+  }
   for (int r = 0; r < s.options().cp_size; ++r) {
     const Layout l = s.layout(m, r);
     RC_ASSERT(l.begin == r * l.local_len);
@@ -235,5 +241,31 @@ RC_GTEST_PROP(ReferenceSharding, ThdShardPrimaryFalseEqualsTrue, ()) {
   });
 }
 
+// CP = 1 is the identity on layout whatever pad_multiple asks: no padding token, every stream
+// as long as the input, ids unchanged (docs/spec.md section 1).
+RC_GTEST_PROP(ReferenceSharding, Cp1IsIdentityOnLayout, ()) {
+  BshdCase b = *gen_bshd_case();
+  b.cp = 1;
+  const BshdBatch bshd = make_batch(b);
+  const Sharder sb = prepare_cp_inputs(bshd, options_of(b));
+  for (int m = 0; m < sb.num_microbatches(); ++m) {
+    const LocalShard l = sb.local(m, 0);
+    RC_ASSERT(l.layout.padded_len == b.seq_len);
+    RC_ASSERT(l.labels.cols() == b.seq_len);
+    if (l.input_ids)
+      RC_ASSERT(*l.input_ids == bshd.input_ids->middleRows(m * b.rows_per_chunk, b.rows_per_chunk));
+    RC_ASSERT(!l.padding.any() || bshd.attention_mask.has_value());
+  }
+  PackedCase p = *gen_packed_case();
+  p.cp = 1;
+  const PackedBatch packed = make_batch(p);
+  const Sharder sp = prepare_packed_cp_inputs(packed, options_of(p));
+  for (int m = 0; m < sp.num_microbatches(); ++m) {
+    const LocalShard l = sp.local(m, 0);
+    RC_ASSERT(l.layout.padded_len == packed.labels.cols());
+    if (l.input_ids) RC_ASSERT(*l.input_ids == packed.input_ids->middleRows(m, 1));
+  }
+}
+
 }  // namespace
-}  // namespace cpkit::reference::harness
+}  // namespace cpkit::harness

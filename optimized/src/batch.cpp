@@ -1,6 +1,7 @@
 // CPBatch::from_map and the checks every preparation shares.
 #include "cpkit/optimized/batch.hpp"
 
+#include "cpkit/optimized/constants.hpp"
 #include "cpkit/optimized/error.hpp"
 #include "sharder_internal.hpp"
 #include "tensor_checks.hpp"
@@ -39,11 +40,6 @@ CPBatch CPBatch::from_map(const std::unordered_map<std::string, c10::IValue>& va
 
 namespace detail {
 
-std::int64_t padded_length(std::int64_t seq_len, int cp_size, int pad_multiple) {
-  const std::int64_t multiple = static_cast<std::int64_t>(cp_size) * pad_multiple;
-  return (seq_len + multiple - 1) / multiple * multiple;
-}
-
 void check_common(const CPBatch& batch, int cp_size, int num_chunks, const PadOptions& pad) {
   if (cp_size < 1) raise("mesh", "CP size must be >= 1, got ", cp_size);
   if (num_chunks < 1) raise("num_chunks", "must be >= 1, got ", num_chunks);
@@ -70,11 +66,11 @@ void check_common(const CPBatch& batch, int cp_size, int num_chunks, const PadOp
       raise("inputs_embeds", "has shape ", shape_of(batch.inputs_embeds), " but [", B, ", ", S,
             ", H >= 1] is required");
   }
-  const at::Tensor negative = (batch.labels < 0) & (batch.labels != -100);
+  const at::Tensor negative = (batch.labels < 0) & (batch.labels != kIgnoreLabel);
   if (negative.any().item<bool>()) {
     const auto i = negative.flatten().nonzero()[0][0].item<int64_t>();
     raise("labels", "value ", batch.labels.flatten()[i].item<int64_t>(), " at [", i / S, ", ",
-          i % S, "] is negative and not the ignore label -100");
+          i % S, "] is negative and not the ignore label ", kIgnoreLabel);
   }
   for (std::size_t i = 0; i < batch.images.size(); ++i) {
     const at::Tensor& image = batch.images[i];

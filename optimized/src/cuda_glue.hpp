@@ -5,8 +5,6 @@
 
 namespace cpkit::detail {
 
-// True when cpkit was built with its CUDA kernels and a CUDA LibTorch.
-bool cuda_kernels_built();
 // The current PyTorch CUDA stream of `t`'s device, as a cudaStream_t. Raises without CUDA.
 void* current_stream(const at::Tensor& t);
 

@@ -2,7 +2,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/gather.hpp"
 #include "fault_injection.hpp"
 #include "host_cache_internal.hpp"
 #include "mesh_capsule.hpp"
@@ -63,20 +63,30 @@ class GatherTokens : public torch::autograd::Function<GatherTokens> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const MeshPtr mesh = detail::mesh_from_capsule(ctx->saved_data["mesh"]);
-    const at::Tensor grad = grads[0].contiguous();
-    std::vector<int64_t> sizes = grad.sizes().vec();
-    sizes[0] /= mesh->size();
-    at::Tensor out = detail::empty_reusable(sizes, grad.options());
-    if (detail::fault("gather_backward_narrow"))  // own slice of own gradient only
-      return {grad.narrow(0, mesh->rank() * sizes[0], sizes[0]).clone(), at::Tensor()};
-    mesh->reduce_scatter_sum(grad.data_ptr(), out.data_ptr(), static_cast<std::size_t>(out.numel()),
-                             detail::scalar_kind(grad, "grad_output"));
-    if (detail::fault("gather_backward_average")) out /= mesh->size();
-    return {out, at::Tensor()};  // no gradient for the mesh
+    return {reduce_scatter_tokens(grads[0], mesh), at::Tensor()};  // no gradient for the mesh
   }
 };
 
 }  // namespace
+
+at::Tensor reduce_scatter_tokens(const at::Tensor& grad_output, const MeshPtr& mesh) {
+  detail::require_defined(grad_output, "grad_output");
+  if (grad_output.dim() < 1) raise("grad_output", "needs a token axis, got a 0-d tensor");
+  const int cp = cp_size(mesh);
+  if (grad_output.size(0) % cp != 0)
+    raise("grad_output", "has ", grad_output.size(0), " rows, not a multiple of CP = ", cp);
+  if (cp == 1) return grad_output;
+  const at::Tensor grad = grad_output.contiguous();  // a transposed dK/dV is common
+  std::vector<int64_t> sizes = grad.sizes().vec();
+  sizes[0] /= cp;
+  if (detail::fault("gather_backward_narrow"))  // own slice of own gradient only
+    return grad.narrow(0, mesh->rank() * sizes[0], sizes[0]).clone();
+  at::Tensor out = detail::empty_reusable(sizes, grad.options());
+  mesh->reduce_scatter_sum(grad.data_ptr(), out.data_ptr(), static_cast<std::size_t>(out.numel()),
+                           detail::scalar_kind(grad, "grad_output"));
+  if (detail::fault("gather_backward_average")) out /= cp;
+  return out;
+}
 
 at::Tensor gather_tokens(const at::Tensor& value, const MeshPtr& mesh, bool differentiable) {
   detail::require_defined(value, "value");

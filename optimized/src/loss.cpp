@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/loss.hpp"
 #include "cuda_glue.hpp"
 #include "fault_injection.hpp"
 #include "host_cache_internal.hpp"
@@ -38,16 +38,16 @@ void check_loss_inputs(const at::Tensor& logits, const at::Tensor& labels,
   if (labels.device() != logits.device() || valid.device() != logits.device())
     raise("labels", "logits, labels and valid must share a device, got ", logits.device(), ", ",
           labels.device(), ", ", valid.device());
-  const at::Tensor outside = (labels != kernels::kNoTarget) & ((labels < 0) | (labels >= V));
+  const at::Tensor outside = (labels != kIgnoreLabel) & ((labels < 0) | (labels >= V));
   if (outside.any().item<bool>()) {
     const auto at_index = outside.flatten().nonzero()[0][0].item<int64_t>();
     raise("labels", "value ", labels.flatten()[at_index].item<int64_t>(), " at [", at_index / L,
-          ", ", at_index % L, "] is outside the vocabulary [0, ", V, ") and not -100");
+          ", ", at_index % L, "] is outside the vocabulary [0, ", V, ") and not ", kIgnoreLabel);
   }
-  const at::Tensor bad_valid = valid & (labels.flatten() == kernels::kNoTarget);
+  const at::Tensor bad_valid = valid & (labels.flatten() == kIgnoreLabel);
   if (bad_valid.any().item<bool>())
     raise("valid", "marks token ", bad_valid.nonzero()[0][0].item<int64_t>(),
-          " valid but its label is -100");
+          " valid but its label is ", kIgnoreLabel);
 }
 
 // targets[b, j]: the label position j predicts, -100 when it counts nothing. The last column
@@ -55,10 +55,10 @@ void check_loss_inputs(const at::Tensor& logits, const at::Tensor& labels,
 at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid, const MeshPtr& mesh) {
   const int64_t B = labels.size(0), L = labels.size(1);
   const at::Tensor counted =
-      at::where(valid.view({B, L}), labels, at::full_like(labels, kernels::kNoTarget));
+      at::where(valid.reshape({B, L}), labels, at::full_like(labels, kIgnoreLabel));
   at::Tensor targets = at::empty_like(labels);
   targets.narrow(1, 0, L - 1).copy_(counted.narrow(1, 1, L - 1));
-  at::Tensor halo = at::full({B}, kernels::kNoTarget, labels.options());
+  at::Tensor halo = at::full({B}, kIgnoreLabel, labels.options());
   if (cp_size(mesh) > 1 && !detail::fault("boundary_label_dropped")) {
     const at::Tensor first = counted.select(1, 0).contiguous();
     mesh->shift_from_next(first.data_ptr(), halo.data_ptr(), static_cast<std::size_t>(B),
@@ -71,11 +71,44 @@ at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid, co
 // N summed over the mesh, as a one-element int64 tensor on the logits' device (never read
 // on the host: the kernel forms CP / N itself).
 at::Tensor global_target_count(const at::Tensor& targets, const MeshPtr& mesh) {
-  at::Tensor count = (targets != kernels::kNoTarget).sum().to(at::kLong).reshape({1});
+  at::Tensor count = (targets != kIgnoreLabel).sum().to(at::kLong).reshape({1});
   if (cp_size(mesh) > 1 && !detail::fault("count_local_only"))
     mesh->all_reduce_sum(count.data_ptr(), 1, ScalarKind::kInt64);
   if (detail::fault("count_times_cp")) count *= cp_size(mesh);
   return count;
+}
+
+// The fused kernel: the scaled loss and its gradient for a unit upstream.
+LossWithGrad fused_loss(const at::Tensor& logits, const at::Tensor& targets,
+                        const at::Tensor& count, int64_t cp, double softcap) {
+  at::Tensor grad = detail::empty_reusable_like(logits);
+  at::Tensor row_loss = at::empty({targets.numel()}, logits.options());
+  at::Tensor scale = at::empty({1}, logits.options());
+  const at::Tensor flat_targets = targets.contiguous();
+  kernels::CrossEntropyArgs args{};
+  args.logits = logits.data_ptr<float>();
+  args.targets = flat_targets.data_ptr<int64_t>();
+  args.rows = targets.numel();
+  args.vocab = logits.size(2);
+  args.softcap = static_cast<float>(softcap);
+  args.cp = static_cast<int>(cp);
+  args.count = count.data_ptr<int64_t>();
+  args.grad = grad.data_ptr<float>();
+  args.row_loss = row_loss.data_ptr<float>();
+  args.scale = scale.data_ptr<float>();
+  if (logits.is_cuda()) {
+#if CPKIT_WITH_CUDA
+    kernels::cross_entropy_cuda(args, detail::current_stream(logits));
+#else
+    detail::current_stream(logits);  // raises: built without the CUDA kernels
+#endif
+  } else {
+    kernels::cross_entropy_cpu(args);
+  }
+  if (detail::fault("nan_without_targets"))  // CP / N without the N == 0 rule
+    scale = static_cast<double>(cp) / count.to(at::kDouble);
+  // A fixed-order double sum (the same bits for any thread count), times the kernel's CP / N.
+  return {(row_loss.to(at::kDouble).sum() * scale.to(at::kDouble).squeeze(0)).to(at::kFloat), grad};
 }
 
 class ShiftedCrossEntropy : public torch::autograd::Function<ShiftedCrossEntropy> {
@@ -83,35 +116,9 @@ class ShiftedCrossEntropy : public torch::autograd::Function<ShiftedCrossEntropy
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
                             const at::Tensor& targets, const at::Tensor& count, int64_t cp,
                             double softcap) {
-    at::Tensor grad = detail::empty_reusable_like(logits);
-    at::Tensor row_loss = at::empty({targets.numel()}, logits.options());
-    const at::Tensor flat_targets = targets.contiguous();
-    kernels::CrossEntropyArgs args{};
-    args.logits = logits.data_ptr<float>();
-    args.targets = flat_targets.data_ptr<int64_t>();
-    args.rows = targets.numel();
-    args.vocab = logits.size(2);
-    args.softcap = static_cast<float>(softcap);
-    args.cp = static_cast<int>(cp);
-    args.count = count.data_ptr<int64_t>();
-    args.grad = grad.data_ptr<float>();
-    args.row_loss = row_loss.data_ptr<float>();
-    if (logits.is_cuda()) {
-#if CPKIT_WITH_CUDA
-      kernels::cross_entropy_cuda(args, detail::current_stream(logits));
-#else
-      detail::current_stream(logits);  // raises: built without the CUDA kernels
-#endif
-    } else {
-      kernels::cross_entropy_cpu(args);
-    }
-    ctx->save_for_backward({grad});
-    // A fixed-order double sum (the same bits for any thread count), times CP / N.
-    const at::Tensor n = count.to(at::kDouble).squeeze(0);
-    const at::Tensor scale = detail::fault("nan_without_targets")
-                                 ? static_cast<double>(cp) / n
-                                 : at::where(n > 0, static_cast<double>(cp) / n, at::zeros_like(n));
-    return (row_loss.to(at::kDouble).sum() * scale).to(at::kFloat);
+    LossWithGrad out = fused_loss(logits, targets, count, cp, softcap);
+    ctx->save_for_backward({out.grad_logits});
+    return out.loss;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -136,6 +143,16 @@ at::Tensor shifted_cp_loss(const at::Tensor& logits, const at::Tensor& labels,
   const at::Tensor count = global_target_count(targets, mesh);
   return ShiftedCrossEntropy::apply(logits, targets, count, int64_t{cp_size(mesh)},
                                     options.softcap);
+}
+
+LossWithGrad shifted_cp_loss_with_grad(const at::Tensor& logits, const at::Tensor& labels,
+                                       const at::Tensor& valid, const MeshPtr& mesh,
+                                       const LossOptions& options) {
+  check_loss_inputs(logits, labels, valid);
+  const at::Tensor targets = shifted_targets(labels, valid, mesh);
+  const at::Tensor count = global_target_count(targets, mesh);
+  const at::NoGradGuard no_grad;
+  return fused_loss(logits.detach(), targets, count, cp_size(mesh), options.softcap);
 }
 
 }  // namespace cpkit

@@ -3,6 +3,7 @@
 
 #include "cpkit/optimized/error.hpp"
 #include "fault_injection.hpp"
+#include "pad.hpp"
 #include "sharder_internal.hpp"
 #include "tensor_checks.hpp"
 
@@ -21,30 +22,28 @@ class CutSpliced : public torch::autograd::Function<CutSpliced> {
     l.local_len = local_len;
     l.end = begin + local_len;
     l.seq_len = seq_len;
-    ctx->saved_data["begin"] = begin;
-    ctx->saved_data["sizes"] = spliced.sizes().vec();
-    return detail::take_padded(spliced, l, fill);
+    ctx->saved_data["layout"] = std::vector<int64_t>{seq_len, begin};
+    return cut_columns(spliced, l, fill);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const int64_t begin = ctx->saved_data["begin"].toInt();
-    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
-    at::Tensor grad = at::zeros(sizes, grads[0].options());
-    const int64_t real = std::clamp<int64_t>(sizes[1] - begin, 0, grads[0].size(1));
-    if (real > 0) grad.narrow(1, begin, real).copy_(grads[0].narrow(1, 0, real));
-    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const std::vector<int64_t> saved = ctx->saved_data["layout"].toIntVector();
+    Layout l;
+    l.seq_len = saved[0];
+    l.begin = saved[1];
+    return {cut_columns_backward(grads[0], l), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
 }  // namespace
 
-Sharder::Sharder(CPBatch batch, MeshPtr mesh, int cp_size, int num_chunks, bool shard_primary,
-                 PadOptions pad, std::vector<Microbatch> microbatches)
+Sharder::Sharder(CPBatch batch, MeshPtr mesh, int cp_size, bool shard_primary, PadOptions pad,
+                 std::vector<Microbatch> microbatches)
     : batch_(std::move(batch)),
       mesh_(std::move(mesh)),
       cp_size_(cp_size),
-      num_chunks_(num_chunks),
       shard_primary_(shard_primary),
       pad_(pad),
       microbatches_(std::move(microbatches)) {}
@@ -66,16 +65,7 @@ void Sharder::check_rank(int rank) const {
 
 Layout Sharder::layout(int index, int rank) const {
   check_rank(rank);
-  const Microbatch& mb = microbatch(index);
-  Layout l;
-  l.cp_size = cp_size_;
-  l.rank = rank;
-  l.seq_len = mb.seq_len;
-  l.padded_len = mb.padded_len;
-  l.local_len = mb.padded_len / cp_size_;
-  l.begin = rank * l.local_len;
-  l.end = l.begin + l.local_len;
-  return l;
+  return shard_layout(microbatch(index).seq_len, cp_size_, rank, pad_.pad_multiple);
 }
 
 LocalShard Sharder::local(int index, int rank) const {
@@ -89,11 +79,11 @@ LocalShard Sharder::local(int index, int rank) const {
     detail::fill_bshd_streams(batch_, mb, l, shard);
   if (shard_primary_) {
     if (batch_.input_ids.defined())
-      shard.input_ids = detail::take_padded(batch_.input_ids.narrow(0, mb.first_row, mb.rows), l,
-                                            static_cast<double>(pad_.pad_token_id));
+      shard.input_ids = cut_columns(batch_.input_ids.narrow(0, mb.first_row, mb.rows), l,
+                                    static_cast<double>(pad_.pad_token_id));
     else
       shard.inputs_embeds =
-          detail::take_padded(batch_.inputs_embeds.narrow(0, mb.first_row, mb.rows), l, 0.0);
+          cut_columns(batch_.inputs_embeds.narrow(0, mb.first_row, mb.rows), l, 0.0);
   }
   return shard;
 }
@@ -113,7 +103,7 @@ at::Tensor Sharder::cut_spliced(int index, int rank, const at::Tensor& spliced) 
     raise("spliced", "has shape ", detail::shape_of(spliced), " but [", mb.rows, ", ", l.seq_len,
           ", ...] is required");
   const double fill = spliced.is_floating_point() ? 0.0 : static_cast<double>(pad_.pad_token_id);
-  if (!spliced.is_floating_point()) return detail::take_padded(spliced, l, fill);  // ids
+  if (!spliced.is_floating_point()) return cut_columns(spliced, l, fill);  // ids
   return CutSpliced::apply(spliced, l.begin, l.local_len, l.seq_len, fill);
 }
 
@@ -129,36 +119,42 @@ at::Tensor Sharder::cu_seqlens_padded(int index) const {
   return mb.cu_padded;
 }
 
+namespace {
+
+void check_format(const CPBatch& batch, const char* expected, const char* call, const char* other) {
+  if (batch.qkv_format != expected)
+    raise("qkv_format", call, " takes \"", expected, "\" batches, got \"", batch.qkv_format,
+          "\" (use ", other, ")");
+}
+
+}  // namespace
+
 Sharder prepare_cp_inputs_for(const CPBatch& batch, int cp_size, int num_chunks, bool shard_primary,
                               const PadOptions& pad) {
+  check_format(batch, "bshd", "prepare_cp_inputs_for", "prepare_packed_cp_inputs_for");
   auto microbatches = detail::bshd_microbatches(batch, cp_size, num_chunks, pad);
-  return Sharder(batch, nullptr, cp_size, num_chunks, shard_primary, pad, std::move(microbatches));
+  return Sharder(batch, nullptr, cp_size, shard_primary, pad, std::move(microbatches));
 }
 
 Sharder prepare_packed_cp_inputs_for(const CPBatch& batch, int cp_size, int num_chunks,
                                      bool shard_primary, const PadOptions& pad) {
+  check_format(batch, "thd", "prepare_packed_cp_inputs_for", "prepare_cp_inputs_for");
   auto microbatches = detail::thd_microbatches(batch, cp_size, num_chunks, pad);
-  return Sharder(batch, nullptr, cp_size, num_chunks, shard_primary, pad, std::move(microbatches));
+  return Sharder(batch, nullptr, cp_size, shard_primary, pad, std::move(microbatches));
 }
 
 Sharder prepare_cp_inputs(const CPBatch& batch, const MeshPtr& mesh, int num_chunks,
                           bool shard_primary, const PadOptions& pad) {
-  if (batch.qkv_format != "bshd")
-    raise("qkv_format", "prepare_cp_inputs takes \"bshd\" batches, got \"", batch.qkv_format,
-          "\" (use prepare_packed_cp_inputs)");
+  check_format(batch, "bshd", "prepare_cp_inputs", "prepare_packed_cp_inputs");
   auto microbatches = detail::bshd_microbatches(batch, cp_size(mesh), num_chunks, pad);
-  return Sharder(batch, mesh, cp_size(mesh), num_chunks, shard_primary, pad,
-                 std::move(microbatches));
+  return Sharder(batch, mesh, cp_size(mesh), shard_primary, pad, std::move(microbatches));
 }
 
 Sharder prepare_packed_cp_inputs(const CPBatch& batch, const MeshPtr& mesh, int num_chunks,
                                  bool shard_primary, const PadOptions& pad) {
-  if (batch.qkv_format != "thd")
-    raise("qkv_format", "prepare_packed_cp_inputs takes \"thd\" batches, got \"", batch.qkv_format,
-          "\"");
+  check_format(batch, "thd", "prepare_packed_cp_inputs", "prepare_cp_inputs");
   auto microbatches = detail::thd_microbatches(batch, cp_size(mesh), num_chunks, pad);
-  return Sharder(batch, mesh, cp_size(mesh), num_chunks, shard_primary, pad,
-                 std::move(microbatches));
+  return Sharder(batch, mesh, cp_size(mesh), shard_primary, pad, std::move(microbatches));
 }
 
 }  // namespace cpkit

@@ -11,18 +11,12 @@ struct Sharder::Microbatch {
   std::int64_t first_row = 0;
   std::int64_t rows = 0;
   std::int64_t seq_len = 0;
-  std::int64_t padded_len = 0;
   bool packed = false;
   // THD only, CPU int64: real lengths [docs], offsets [docs + 1].
   at::Tensor lens, cu_lens, cu_padded;
 };
 
 namespace detail {
-
-std::int64_t padded_length(std::int64_t seq_len, int cp_size, int pad_multiple);
-
-// x[rows, S, ...] -> [rows, L, ...]: columns [begin, begin + L), `fill` past S.
-at::Tensor take_padded(const at::Tensor& x, const Layout& l, double fill);
 
 // Streams of a rank's shard, from the global sequence (positions, padding, valid, ...).
 void fill_bshd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const Layout& l,

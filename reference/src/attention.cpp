@@ -15,15 +15,15 @@ using DoubleMatrix = Matrix<double>;
 void check_meta(const char* argument, const TokenMeta& meta, Eigen::Index tokens) {
   if (meta.position.size() != tokens || meta.document.size() != tokens ||
       meta.padding.size() != tokens)
-    fail(argument, "metadata covers ", meta.position.size(), "/", meta.document.size(), "/",
-         meta.padding.size(), " tokens (position/document/padding) but there are ", tokens);
+    raise(argument, "metadata covers ", meta.position.size(), "/", meta.document.size(), "/",
+          meta.padding.size(), " tokens (position/document/padding) but there are ", tokens);
 }
 
 void check_qkv(const FloatMatrix& q, const FloatMatrix& k, const FloatMatrix& v,
                const TokenMeta& q_meta, const TokenMeta& k_meta) {
   if (q.cols() != k.cols())
-    fail("k", "head size ", k.cols(), " differs from the queries' ", q.cols());
-  if (v.rows() != k.rows()) fail("v", "holds ", v.rows(), " tokens but k holds ", k.rows());
+    raise("k", "head size ", k.cols(), " differs from the queries' ", q.cols());
+  if (v.rows() != k.rows()) raise("v", "holds ", v.rows(), " tokens but k holds ", k.rows());
   check_meta("q_meta", q_meta, q.rows());
   check_meta("k_meta", k_meta, k.rows());
 }
@@ -99,8 +99,8 @@ AttentionGrads masked_attention_backward(const FloatMatrix& q, const FloatMatrix
                                          const TokenMeta& k_meta, const FloatMatrix& d_out) {
   check_qkv(q, k, v, q_meta, k_meta);
   if (d_out.rows() != q.rows() || d_out.cols() != v.cols())
-    fail("d_out", "has shape [", d_out.rows(), ", ", d_out.cols(), "] but [", q.rows(), ", ",
-         v.cols(), "] is required");
+    raise("d_out", "has shape [", d_out.rows(), ", ", d_out.cols(), "] but [", q.rows(), ", ",
+          v.cols(), "] is required");
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.cols()));
   const DoubleMatrix p = probabilities(q, k, q_meta, k_meta);
   const DoubleMatrix d_o = d_out.cast<double>();
@@ -126,7 +126,7 @@ std::vector<FloatMatrix> cp_attention(const std::vector<RankAttention>& ranks) {
 std::vector<AttentionGrads> cp_attention_backward(const std::vector<RankAttention>& ranks,
                                                   const std::vector<FloatMatrix>& d_out) {
   if (d_out.size() != ranks.size())
-    fail("d_out", "has ", d_out.size(), " ranks but the inputs have ", ranks.size());
+    raise("d_out", "has ", d_out.size(), " ranks but the inputs have ", ranks.size());
   const GatheredKeys keys = gather_keys(ranks);
   std::vector<AttentionGrads> grads;
   std::vector<FloatMatrix> dk_gathered, dv_gathered;

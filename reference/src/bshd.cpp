@@ -10,11 +10,11 @@ namespace {
 void check_bshd(const BshdBatch& batch, const ShardOptions& options) {
   detail::check_options(options);
   if (batch.input_ids.has_value() == batch.inputs_embeds.has_value())
-    fail("input_ids", "exactly one of input_ids and inputs_embeds must be given, got ",
-         batch.input_ids ? "both" : "neither");
+    raise("input_ids", "exactly one of input_ids and inputs_embeds must be given, got ",
+          batch.input_ids ? "both" : "neither");
   const auto B = batch.labels.rows();
   const auto S = batch.labels.cols();
-  if (B == 0 || S == 0) fail("labels", "empty batch: shape [", B, ", ", S, "]");
+  if (B == 0 || S == 0) raise("labels", "empty batch: shape [", B, ", ", S, "]");
   if (batch.input_ids) detail::check_shape("input_ids", *batch.input_ids, B, S);
   if (batch.inputs_embeds) detail::check_embeds(*batch.inputs_embeds, B, S);
   if (batch.position_ids) detail::check_shape("position_ids", *batch.position_ids, B, S);
@@ -23,13 +23,13 @@ void check_bshd(const BshdBatch& batch, const ShardOptions& options) {
     for (Eigen::Index b = 0; b < B; ++b)
       for (Eigen::Index t = 0; t < S; ++t)
         if ((*batch.attention_mask)(b, t) != 0 && (*batch.attention_mask)(b, t) != 1)
-          fail("attention_mask", "value ", (*batch.attention_mask)(b, t), " at [", b, ", ", t,
-               "] is neither 0 nor 1");
+          raise("attention_mask", "value ", (*batch.attention_mask)(b, t), " at [", b, ", ", t,
+                "] is neither 0 nor 1");
   }
   detail::check_label_values(batch.labels);
   detail::check_images(batch.images);
   if (B % options.num_chunks != 0)
-    fail("num_chunks", "must divide the batch size B = ", B, ", got ", options.num_chunks);
+    raise("num_chunks", "must divide the batch size B = ", B, ", got ", options.num_chunks);
 }
 
 // The streams of batch rows [first, first + rows) as one microbatch.

@@ -13,8 +13,8 @@ template <class Scalar>
 void check_shape(const char* argument, const Matrix<Scalar>& m, Eigen::Index rows,
                  Eigen::Index cols) {
   if (m.rows() != rows || m.cols() != cols)
-    fail(argument, "has shape [", m.rows(), ", ", m.cols(), "] but [", rows, ", ", cols,
-         "] is required");
+    raise(argument, "has shape [", m.rows(), ", ", m.cols(), "] but [", rows, ", ", cols,
+          "] is required");
 }
 
 // Every label is -100 or a non-negative class id (the vocabulary bound is the loss's check).

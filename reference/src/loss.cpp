@@ -41,13 +41,13 @@ void check_label_range(const IntMatrix& labels, Eigen::Index vocab, const char* 
     for (Eigen::Index t = 0; t < labels.cols(); ++t) {
       const auto label = labels(b, t);
       if (label != kIgnoreLabel && (label < 0 || label >= vocab))
-        fail("labels", "value ", label, " at [", b, ", ", t, "]", where,
-             " is outside the vocabulary [0, ", vocab, ") and not -100");
+        raise("labels", "value ", label, " at [", b, ", ", t, "]", where,
+              " is outside the vocabulary [0, ", vocab, ") and not -100");
     }
 }
 
 void check_vocab(Eigen::Index vocab) {
-  if (vocab < 2) fail("logits", "vocabulary size must be >= 2, got ", vocab);
+  if (vocab < 2) raise("logits", "vocabulary size must be >= 2, got ", vocab);
 }
 
 // Loss sum and gradient (scaled by `scale`) over rows whose target is set.
@@ -70,28 +70,28 @@ std::vector<RankLoss> shifted_cp_loss(const std::vector<FloatMatrix>& logits,
                                       const std::vector<BoolVector>& valid,
                                       const LossOptions& options) {
   const auto cp = logits.size();
-  if (cp == 0) fail("logits", "no ranks given");
+  if (cp == 0) raise("logits", "no ranks given");
   if (labels.size() != cp || valid.size() != cp)
-    fail("labels", "logits/labels/valid cover ", cp, "/", labels.size(), "/", valid.size(),
-         " ranks");
+    raise("labels", "logits/labels/valid cover ", cp, "/", labels.size(), "/", valid.size(),
+          " ranks");
   const auto B = labels[0].rows();
   const auto L = labels[0].cols();
   const auto V = logits[0].cols();
   check_vocab(V);
   for (std::size_t r = 0; r < cp; ++r) {
     if (labels[r].rows() != B || labels[r].cols() != L)
-      fail("labels", "rank ", r, " has shape [", labels[r].rows(), ", ", labels[r].cols(),
-           "] but rank 0 has [", B, ", ", L, "]");
+      raise("labels", "rank ", r, " has shape [", labels[r].rows(), ", ", labels[r].cols(),
+            "] but rank 0 has [", B, ", ", L, "]");
     if (logits[r].rows() != B * L || logits[r].cols() != V)
-      fail("logits", "rank ", r, " has shape [", logits[r].rows(), ", ", logits[r].cols(),
-           "] but [B * L, V] = [", B * L, ", ", V, "] is required");
+      raise("logits", "rank ", r, " has shape [", logits[r].rows(), ", ", logits[r].cols(),
+            "] but [B * L, V] = [", B * L, ", ", V, "] is required");
     if (valid[r].size() != B * L)
-      fail("valid", "rank ", r, " has ", valid[r].size(), " entries but B * L = ", B * L);
+      raise("valid", "rank ", r, " has ", valid[r].size(), " entries but B * L = ", B * L);
     const std::string where = " of rank " + std::to_string(r);
     check_label_range(labels[r], V, where.c_str());
     for (Eigen::Index i = 0; i < B * L; ++i)
       if (valid[r](i) && labels[r](i / L, i % L) == kIgnoreLabel)
-        fail("valid", "rank ", r, " marks token ", i, " valid but its label is -100");
+        raise("valid", "rank ", r, " marks token ", i, " valid but its label is -100");
   }
 
   // Targets per rank: local label j + 1, or the next rank's first label at the boundary.
@@ -127,7 +127,7 @@ MeanLoss single_device_shifted_loss(const FloatMatrix& logits, const IntMatrix& 
   const auto B = labels.rows();
   const auto S = labels.cols();
   check_vocab(logits.cols());
-  if (logits.rows() != B * S) fail("logits", "has ", logits.rows(), " rows but B * S = ", B * S);
+  if (logits.rows() != B * S) raise("logits", "has ", logits.rows(), " rows but B * S = ", B * S);
   check_label_range(labels, logits.cols(), "");
   std::vector<Target> targets;
   MeanLoss out;

@@ -6,6 +6,7 @@
 namespace cpkit::reference {
 
 std::int64_t padded_length(std::int64_t seq_len, int cp_size, int pad_multiple) {
+  if (cp_size == 1) return seq_len;  // CP = 1 is the identity on layout: no padding
   const std::int64_t multiple = static_cast<std::int64_t>(cp_size) * pad_multiple;
   return (seq_len + multiple - 1) / multiple * multiple;
 }
@@ -16,12 +17,12 @@ Sharder::Sharder(ShardOptions options, std::vector<GlobalStreams> microbatches,
 
 void Sharder::check_microbatch(int microbatch) const {
   if (microbatch < 0 || microbatch >= num_microbatches())
-    fail("microbatch", "must be in [0, ", num_microbatches(), "), got ", microbatch);
+    raise("microbatch", "must be in [0, ", num_microbatches(), "), got ", microbatch);
 }
 
 void Sharder::check_rank(int rank) const {
   if (rank < 0 || rank >= options_.cp_size)
-    fail("rank", "must be in [0, ", options_.cp_size, "), got ", rank);
+    raise("rank", "must be in [0, ", options_.cp_size, "), got ", rank);
 }
 
 const GlobalStreams& Sharder::global(int microbatch) const {
@@ -78,12 +79,12 @@ FloatRows Sharder::cut_spliced(int microbatch, int rank, const FloatRows& splice
   const Layout l = layout(microbatch, rank);
   const auto rows = global(microbatch).labels.rows();
   if (static_cast<Eigen::Index>(spliced.size()) != rows)
-    fail("spliced", "has ", spliced.size(), " rows but the microbatch has ", rows);
+    raise("spliced", "has ", spliced.size(), " rows but the microbatch has ", rows);
   FloatRows padded;
   for (std::size_t b = 0; b < spliced.size(); ++b) {
     if (spliced[b].rows() != l.seq_len || spliced[b].cols() < 1)
-      fail("spliced", "row ", b, " has shape [", spliced[b].rows(), ", ", spliced[b].cols(),
-           "] but [", l.seq_len, ", H >= 1] is required");
+      raise("spliced", "row ", b, " has shape [", spliced[b].rows(), ", ", spliced[b].cols(),
+            "] but [", l.seq_len, ", H >= 1] is required");
     padded.push_back(detail::pad_embeds(spliced[b], l.padded_len));
   }
   return cut_rows(padded, l);
@@ -95,8 +96,8 @@ FloatRows Sharder::cut_spliced_backward(int microbatch, int rank,
   FloatRows grads;
   for (std::size_t b = 0; b < grad_local.size(); ++b) {
     if (grad_local[b].rows() != l.local_len)
-      fail("grad_local", "row ", b, " has ", grad_local[b].rows(), " tokens, expected ",
-           l.local_len);
+      raise("grad_local", "row ", b, " has ", grad_local[b].rows(), " tokens, expected ",
+            l.local_len);
     FloatMatrix padded = FloatMatrix::Zero(l.padded_len, grad_local[b].cols());
     padded.middleRows(l.begin, l.local_len) = grad_local[b];
     grads.push_back(padded.topRows(l.seq_len));
@@ -108,8 +109,8 @@ IntMatrix Sharder::cut_ids(int microbatch, int rank, const IntMatrix& ids) const
   const Layout l = layout(microbatch, rank);
   const auto rows = global(microbatch).labels.rows();
   if (ids.rows() != rows || ids.cols() != l.seq_len)
-    fail("ids", "has shape [", ids.rows(), ", ", ids.cols(), "] but [", rows, ", ", l.seq_len,
-         "] is required");
+    raise("ids", "has shape [", ids.rows(), ", ", ids.cols(), "] but [", rows, ", ", l.seq_len,
+          "] is required");
   return cut_columns(detail::pad_ids(ids, l.padded_len, options_.pad_token_id), l);
 }
 

@@ -21,46 +21,46 @@ std::vector<Document> parse_documents(const PackedBatch& batch, Eigen::Index row
     const auto len = batch.seq_lens(row, d);
     const auto slot = batch.seq_lens_padded(row, d);
     if ((len == kSeqLenSentinel) != (slot == kSeqLenSentinel))
-      fail("seq_lens_padded", "row ", row, " entry ", d, " is ", slot, " but seq_lens has ", len,
-           ": -1000 sentinels must stand at the same places in both");
+      raise("seq_lens_padded", "row ", row, " entry ", d, " is ", slot, " but seq_lens has ", len,
+            ": -1000 sentinels must stand at the same places in both");
     if (len == kSeqLenSentinel) {
       ended = true;
       continue;
     }
     if (ended)
-      fail("seq_lens", "row ", row, " entry ", d, " = ", len,
-           " follows a -1000 sentinel; sentinels may only end the list");
-    if (len < 0) fail("seq_lens", "row ", row, " entry ", d, " is negative: ", len);
-    if (slot < 0) fail("seq_lens_padded", "row ", row, " entry ", d, " is negative: ", slot);
+      raise("seq_lens", "row ", row, " entry ", d, " = ", len,
+            " follows a -1000 sentinel; sentinels may only end the list");
+    if (len < 0) raise("seq_lens", "row ", row, " entry ", d, " is negative: ", len);
+    if (slot < 0) raise("seq_lens_padded", "row ", row, " entry ", d, " is negative: ", slot);
     if (len > slot)
-      fail("seq_lens", "row ", row, " document ", d, " has length ", len,
-           " but its slot (seq_lens_padded) is only ", slot);
+      raise("seq_lens", "row ", row, " document ", d, " has length ", len,
+            " but its slot (seq_lens_padded) is only ", slot);
     docs.push_back({len, slot});
     total += slot;
   }
-  if (docs.empty()) fail("seq_lens", "row ", row, " has no document, only -1000 sentinels");
+  if (docs.empty()) raise("seq_lens", "row ", row, " has no document, only -1000 sentinels");
   if (total > T)
-    fail("seq_lens_padded", "row ", row, " slots sum to ", total, " but the row holds T = ", T,
-         " tokens");
+    raise("seq_lens_padded", "row ", row, " slots sum to ", total, " but the row holds T = ", T,
+          " tokens");
   return docs;
 }
 
 void check_packed(const PackedBatch& batch, const ShardOptions& options) {
   detail::check_options(options);
   if (batch.input_ids.has_value() == batch.inputs_embeds.has_value())
-    fail("input_ids", "exactly one of input_ids and inputs_embeds must be given, got ",
-         batch.input_ids ? "both" : "neither");
+    raise("input_ids", "exactly one of input_ids and inputs_embeds must be given, got ",
+          batch.input_ids ? "both" : "neither");
   const auto rows = batch.labels.rows();
   const auto T = batch.labels.cols();
-  if (rows == 0 || T == 0) fail("labels", "empty batch: shape [", rows, ", ", T, "]");
+  if (rows == 0 || T == 0) raise("labels", "empty batch: shape [", rows, ", ", T, "]");
   if (rows != options.num_chunks)
-    fail("num_chunks", "a packed batch holds one row per microbatch, but labels has ", rows,
-         " rows and num_chunks = ", options.num_chunks);
+    raise("num_chunks", "a packed batch holds one row per microbatch, but labels has ", rows,
+          " rows and num_chunks = ", options.num_chunks);
   if (batch.input_ids) detail::check_shape("input_ids", *batch.input_ids, rows, T);
   if (batch.inputs_embeds) detail::check_embeds(*batch.inputs_embeds, rows, T);
   if (batch.seq_lens.rows() != rows || batch.seq_lens.cols() < 1)
-    fail("seq_lens", "has shape [", batch.seq_lens.rows(), ", ", batch.seq_lens.cols(), "] but [",
-         rows, ", D >= 1] is required");
+    raise("seq_lens", "has shape [", batch.seq_lens.rows(), ", ", batch.seq_lens.cols(), "] but [",
+          rows, ", D >= 1] is required");
   detail::check_shape("seq_lens_padded", batch.seq_lens_padded, rows, batch.seq_lens.cols());
   detail::check_label_values(batch.labels);
   detail::check_images(batch.images);

@@ -1,7 +1,7 @@
 // Uses both installed libraries; exits non-zero if they disagree on a small packed batch.
 #include <ATen/ATen.h>
 
-#include <cpkit/optimized/ops.hpp>
+#include <cpkit/optimized/loss.hpp>
 #include <cpkit/optimized/sharder.hpp>
 #include <cpkit/reference/reference.hpp>
 #include <iostream>

@@ -33,6 +33,7 @@ GoldenCase load_golden_case(const std::string& name) {
   c.num_chunks = j.at("num_chunks");
   c.pad_multiple = j.at("pad_multiple");
   c.pad_token_id = j.at("pad_token_id");
+  c.softcap = j.at("softcap");
   c.vocab = j.at("vocab");
   c.inputs = j.at("inputs");
   for (const Json& m : j.at("microbatches")) {

@@ -33,7 +33,8 @@ struct GoldenCase {
   std::string name, format;
   int cp = 1, num_chunks = 1, pad_multiple = 1, vocab = 2;
   std::int64_t pad_token_id = 0;
-  Json inputs;  // input_ids, labels, optional position_ids / attention_mask / seq_lens...
+  double softcap = 0;  // > 0: the loss caps the logits first
+  Json inputs;         // input_ids, labels, optional position_ids / attention_mask / seq_lens...
   std::vector<ExpectedMicrobatch> microbatches;
 };
 

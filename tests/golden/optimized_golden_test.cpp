@@ -6,7 +6,9 @@
 
 #include <sstream>
 
-#include "cpkit/optimized/ops.hpp"
+#include "closeness.hpp"
+
+#include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/sharder.hpp"
 #include "golden_case.hpp"
 #include "rank_processes.hpp"
@@ -92,16 +94,18 @@ TEST_P(OptimizedGolden, LossMatchesTheOracleOnRealRanks) {
       const at::Tensor logits = at::tensor(flat)
                                     .view({l.labels.size(0), l.layout.local_len, c.vocab})
                                     .requires_grad_(true);
-      const at::Tensor loss = shifted_cp_loss(logits, l.labels, l.valid, mesh);
+      const at::Tensor loss =
+          shifted_cp_loss(logits, l.labels, l.valid, mesh, {.softcap = c.softcap});
       loss.backward();
       const ExpectedRank& e = mb.ranks[rank];
-      if (std::abs(loss.item<double>() - e.loss) > kGoldenLossRtol * (1 + std::abs(e.loss)))
+      if (!harness::is_close(loss.item<double>(), e.loss, kGoldenLossRtol, kGoldenLossRtol))
         out << "microbatch " << m << ": loss " << loss.item<double>() << " vs " << e.loss << "\n";
       const at::Tensor grad = logits.grad();
       for (std::size_t b = 0; b < e.grad.size(); ++b)
         for (std::size_t j = 0; j < e.grad[b].size(); ++j)
           for (int v = 0; v < c.vocab; ++v)
-            if (std::abs(grad[b][j][v].item<double>() - e.grad[b][j][v]) > kGoldenGradAtol) {
+            if (!harness::is_close(grad[b][j][v].item<double>(), e.grad[b][j][v], kGoldenGradAtol,
+                                   0)) {
               out << "microbatch " << m << ": grad [" << b << ", " << j << ", " << v << "] "
                   << grad[b][j][v].item<double>() << " vs " << e.grad[b][j][v] << "\n";
               return out.str();

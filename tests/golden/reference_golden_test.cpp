@@ -79,7 +79,7 @@ TEST_P(ReferenceGolden, ReproducesTheOracle) {
       labels.push_back(l.labels);
       valid.push_back(l.valid);
     }
-    const auto losses = ref::shifted_cp_loss(logits, labels, valid);
+    const auto losses = ref::shifted_cp_loss(logits, labels, valid, {c.softcap});
     double mean = 0;
     for (const ExpectedRank& e : mb.ranks) {
       const auto& got = losses[e.rank];

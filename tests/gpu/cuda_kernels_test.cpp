@@ -5,8 +5,8 @@
 
 #include <unistd.h>
 
+#include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/nccl_mesh.hpp"
-#include "cpkit/optimized/ops.hpp"
 #include "cpkit/optimized/sharder.hpp"
 
 namespace cpkit {

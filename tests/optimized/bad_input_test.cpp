@@ -6,7 +6,8 @@
 #include <functional>
 
 #include "cpkit/optimized/error.hpp"
-#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/gather.hpp"
+#include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/process_group.hpp"
 #include "cpkit/optimized/sharder.hpp"
 #include "expect_rejected.hpp"

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "cpkit/optimized/error.hpp"
-#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/gather.hpp"
 #include "rank_expectations.hpp"
 
 namespace cpkit {

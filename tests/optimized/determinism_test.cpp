@@ -6,7 +6,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/sharder.hpp"
 
 namespace cpkit {

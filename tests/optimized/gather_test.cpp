@@ -4,7 +4,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "cpkit/optimized/error.hpp"
-#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/gather.hpp"
 #include "rank_expectations.hpp"
 
 namespace cpkit {

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "cpkit/optimized/host_cache.hpp"
-#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/sharder.hpp"
 
 namespace cpkit {

@@ -5,7 +5,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "cpkit/optimized/error.hpp"
-#include "cpkit/optimized/ops.hpp"
+#include "cpkit/optimized/loss.hpp"
 #include "rank_expectations.hpp"
 
 namespace cpkit {

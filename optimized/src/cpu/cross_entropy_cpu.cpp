@@ -13,7 +13,8 @@ void cross_entropy_rows_avx2(const CrossEntropyArgs& a, float scale, std::int64_
 #endif
 
 void cross_entropy_cpu(const CrossEntropyArgs& a) {
-  const float scale = *a.count > 0 ? static_cast<float>(a.cp) / static_cast<float>(*a.count) : 0.0f;
+  const float scale = loss_scale(a.cp, *a.count);
+  *a.scale = scale;
 #if defined(__x86_64__)
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else

@@ -96,7 +96,7 @@ void rows(const CrossEntropyArgs& a, float scale, std::int64_t begin, std::int64
     const float* z = a.logits + row * a.vocab;
     float* g = a.grad + row * a.vocab;
     const std::int64_t target = a.targets[row];
-    if (target == kNoTarget) {
+    if (target == kIgnoreLabel) {
       std::fill(g, g + a.vocab, 0.0f);
       a.row_loss[row] = 0.0f;
       continue;

@@ -4,8 +4,6 @@
 
 namespace cpkit::detail {
 
-bool cuda_kernels_built() { return false; }
-
 void* current_stream(const at::Tensor& t) {
   raise("tensor", "is on ", t.device(),
         " but cpkit was built without its CUDA kernels (no nvcc or no CUDA LibTorch)");

@@ -27,7 +27,8 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(CrossEntropyArg
   float* g = a.grad + row * a.vocab;
   const std::int64_t target = a.targets[row];
   const bool vectorised = a.vocab % 4 == 0;  // rows then stay 16-byte aligned
-  if (target == kNoTarget) {
+  if (row == 0 && threadIdx.x == 0) *a.scale = loss_scale(a.cp, *a.count);
+  if (target == kIgnoreLabel) {
     for (std::int64_t i = threadIdx.x; i < a.vocab; i += kThreads) g[i] = 0.0f;
     if (threadIdx.x == 0) a.row_loss[row] = 0.0f;
     return;
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(CrossEntropyArg
   __syncthreads();
   const OnlineSoftmax stats = row_stats;
   const float row_max = stats.max, ls = log_sum(stats);
-  const float scale = *a.count > 0 ? static_cast<float>(a.cp) / static_cast<float>(*a.count) : 0.0f;
+  const float scale = loss_scale(a.cp, *a.count);
   if (vectorised) {
     const float4* z4 = reinterpret_cast<const float4*>(z);
     float4* g4 = reinterpret_cast<float4*>(g);

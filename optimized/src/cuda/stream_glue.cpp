@@ -6,8 +6,6 @@
 
 namespace cpkit::detail {
 
-bool cuda_kernels_built() { return true; }
-
 void* current_stream(const at::Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }

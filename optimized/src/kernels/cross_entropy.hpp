@@ -6,15 +6,16 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define CPKIT_HOST_DEVICE __host__ __device__
-#else
-#define CPKIT_HOST_DEVICE
-#endif
+#include "cpkit/optimized/constants.hpp"
+#include "kernels/host_device.hpp"
 
 namespace cpkit::kernels {
 
-inline constexpr std::int64_t kNoTarget = -100;
+// CP / N: the scale that makes the average of the CP ranks' losses (FSDP's gradient average)
+// the global mean over N targets; 0 when the mesh has no target, never NaN.
+CPKIT_HOST_DEVICE inline float loss_scale(int cp, std::int64_t count) {
+  return count > 0 ? static_cast<float>(cp) / static_cast<float>(count) : 0.0f;
+}
 
 // Running max and sum of exp(x - max): one read of the row gives log-sum-exp.
 struct OnlineSoftmax {

@@ -8,7 +8,7 @@ namespace cpkit::kernels {
 
 struct CrossEntropyArgs {
   const float* logits;          // [rows, vocab], contiguous
-  const std::int64_t* targets;  // [rows], kNoTarget = no target
+  const std::int64_t* targets;  // [rows], kIgnoreLabel = no target
   std::int64_t rows;
   std::int64_t vocab;
   float softcap;              // <= 0: off
@@ -17,6 +17,7 @@ struct CrossEntropyArgs {
                               // kernel forms CP / N itself (no host synchronisation)
   float* grad;                // [rows, vocab]
   float* row_loss;            // [rows], unscaled CE, 0 where no target
+  float* scale;               // [1]: the loss_scale(cp, N) the gradient carries
 };
 
 void cross_entropy_cpu(const CrossEntropyArgs& args);

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "kernels/cross_entropy.hpp"  // CPKIT_HOST_DEVICE
+#include "kernels/host_device.hpp"
 
 namespace cpkit::kernels {
 

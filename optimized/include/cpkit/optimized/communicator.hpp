@@ -10,9 +10,6 @@ namespace cpkit {
 
 enum class ScalarKind : std::uint8_t { kFloat32, kFloat16, kBFloat16, kInt64, kUInt8 };
 
-std::size_t element_size(ScalarKind kind);
-const char* scalar_name(ScalarKind kind);
-
 class Communicator {
  public:
   virtual ~Communicator() = default;

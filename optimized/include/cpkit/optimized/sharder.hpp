@@ -36,8 +36,8 @@ class Sharder {
  public:
   struct Microbatch;  // internal
 
-  Sharder(CPBatch batch, MeshPtr mesh, int cp_size, int num_chunks, bool shard_primary,
-          PadOptions pad, std::vector<Microbatch> microbatches);
+  Sharder(CPBatch batch, MeshPtr mesh, int cp_size, bool shard_primary, PadOptions pad,
+          std::vector<Microbatch> microbatches);
   ~Sharder();
   Sharder(Sharder&&) noexcept;
   Sharder& operator=(Sharder&&) noexcept;
@@ -74,11 +74,20 @@ class Sharder {
   CPBatch batch_;
   MeshPtr mesh_;
   int cp_size_;
-  int num_chunks_;
   bool shard_primary_;
   PadOptions pad_;
   std::vector<Microbatch> microbatches_;
 };
+
+// The layout of `rank`'s shard of a sequence of `seq_len` tokens (docs/spec.md section 2).
+Layout shard_layout(std::int64_t seq_len, int cp_size, int rank, int pad_multiple = 1);
+
+// The padded cut without autograd, for autograd systems that register the backward
+// themselves (the Python package; Sharder::cut_spliced uses the same two):
+// x[rows, S, ...] -> [rows, L, ...] holding columns [begin, end), `fill` past S; and its
+// backward, the local gradient on the layout's columns of a zero [rows, S, ...] gradient.
+at::Tensor cut_columns(const at::Tensor& x, const Layout& layout, double fill);
+at::Tensor cut_columns_backward(const at::Tensor& grad, const Layout& layout);
 
 // BSHD (qkv_format "bshd"): num_chunks splits the batch axis.
 Sharder prepare_cp_inputs(const CPBatch& batch, const MeshPtr& mesh, int num_chunks = 1,

@@ -20,9 +20,9 @@ class Error : public std::invalid_argument {
   std::string argument_;
 };
 
-// Builds the detail text from streamable pieces: fail("seq_lens", "row ", b, " sums to ", n).
+// Builds the detail text from streamable pieces: raise("seq_lens", "row ", b, " sums to ", n).
 template <class... Parts>
-[[noreturn]] void fail(const std::string& argument, const Parts&... parts) {
+[[noreturn]] void raise(const std::string& argument, const Parts&... parts) {
   std::ostringstream detail;
   (detail << ... << parts);
   throw Error(argument, detail.str());

@@ -9,14 +9,14 @@ namespace cpkit::reference {
 namespace detail {
 template <class Scalar>
 void check_same_counts(const std::vector<Matrix<Scalar>>& per_rank, const char* argument) {
-  if (per_rank.empty()) fail(argument, "no ranks given");
+  if (per_rank.empty()) raise(argument, "no ranks given");
   for (std::size_t r = 1; r < per_rank.size(); ++r) {
     if (per_rank[r].rows() != per_rank[0].rows())
-      fail(argument, "rank 0 holds ", per_rank[0].rows(), " tokens but rank ", r, " holds ",
-           per_rank[r].rows());
+      raise(argument, "rank 0 holds ", per_rank[0].rows(), " tokens but rank ", r, " holds ",
+            per_rank[r].rows());
     if (per_rank[r].cols() != per_rank[0].cols())
-      fail(argument, "rank 0 has trailing size ", per_rank[0].cols(), " but rank ", r, " has ",
-           per_rank[r].cols());
+      raise(argument, "rank 0 has trailing size ", per_rank[0].cols(), " but rank ", r, " has ",
+            per_rank[r].cols());
   }
 }
 }  // namespace detail
@@ -39,7 +39,7 @@ inline std::vector<FloatMatrix> gather_tokens_backward(const std::vector<FloatMa
   detail::check_same_counts(upstream, "grad_output");
   const auto cp = static_cast<Eigen::Index>(upstream.size());
   if (upstream[0].rows() % cp != 0)
-    fail("grad_output", "holds ", upstream[0].rows(), " rows, not a multiple of CP = ", cp);
+    raise("grad_output", "holds ", upstream[0].rows(), " rows, not a multiple of CP = ", cp);
   const auto n = upstream[0].rows() / cp;
   std::vector<FloatMatrix> grads;
   for (Eigen::Index r = 0; r < cp; ++r) {

@@ -84,7 +84,8 @@ Sharder prepare_cp_inputs(const BshdBatch& batch, const ShardOptions& options);
 // THD (SPEC 3). The batch has one packed row per microbatch: num_chunks rows.
 Sharder prepare_packed_cp_inputs(const PackedBatch& batch, const ShardOptions& options);
 
-// S_pad for a sequence of `seq_len` tokens: the next multiple of cp_size * pad_multiple.
+// S_pad for a sequence of `seq_len` tokens: seq_len itself at CP = 1, else the next multiple
+// of cp_size * pad_multiple.
 std::int64_t padded_length(std::int64_t seq_len, int cp_size, int pad_multiple);
 
 }  // namespace cpkit::reference

@@ -1,0 +1,32 @@
+// shifted_cp_loss on LibTorch tensors (docs/spec.md section 5).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "cpkit/optimized/communicator.hpp"
+
+namespace cpkit {
+
+struct LossOptions {
+  double softcap = 0.0;  // > 0: apply c * tanh(z / c) (and its chain rule) inside the kernel
+};
+
+// HF shifted CE across shard boundaries. logits [B, L, V] float32, labels [B, L] int64
+// unshifted, valid [B * L] bool. Returns local_sum * CP / N_global as a 0-d float32 tensor;
+// its backward reuses the gradient the fused forward produced.
+at::Tensor shifted_cp_loss(const at::Tensor& logits, const at::Tensor& labels,
+                           const at::Tensor& valid, const MeshPtr& mesh,
+                           const LossOptions& options = {});
+
+// The same fused forward without autograd: the loss and d loss / d logits for a unit
+// upstream gradient (scale it by the upstream). For autograd systems that register the
+// backward themselves (the Python package); shifted_cp_loss already uses it.
+struct LossWithGrad {
+  at::Tensor loss;         // 0-d float32
+  at::Tensor grad_logits;  // [B, L, V] float32
+};
+LossWithGrad shifted_cp_loss_with_grad(const at::Tensor& logits, const at::Tensor& labels,
+                                       const at::Tensor& valid, const MeshPtr& mesh,
+                                       const LossOptions& options = {});
+
+}  // namespace cpkit

@@ -1,0 +1,24 @@
+// Which token is a loss target (docs/spec.md sections 2 and 3), for the per-token host and
+// device loops. targets.hpp holds the same rule for whole tensors.
+#pragma once
+
+#include <cstdint>
+
+#include "cpkit/optimized/constants.hpp"
+#include "kernels/host_device.hpp"
+
+namespace cpkit::kernels {
+
+// `offset` is the token's index within its document (BSHD: the global column, the row being
+// one document): offset 0 is predicted by nothing in its document, so it never counts.
+CPKIT_HOST_DEVICE inline bool is_valid_target(bool padding, std::int64_t label,
+                                              std::int64_t offset) {
+  return !padding && label != kIgnoreLabel && offset > 0;
+}
+
+// Padding tokens carry the ignore label in the sharded labels.
+CPKIT_HOST_DEVICE inline std::int64_t sharded_label(bool padding, std::int64_t label) {
+  return padding ? kIgnoreLabel : label;
+}
+
+}  // namespace cpkit::kernels

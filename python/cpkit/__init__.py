@@ -1,0 +1,39 @@
+"""cpkit: context parallelism for long-context LLM training, as PyTorch ops.
+
+One sequence is cut into contiguous shards, one per CP rank. ``prepare_cp_inputs`` /
+``prepare_packed_cp_inputs`` give each rank its tensors (positions and document ids taken
+before the cut), ``gather_tokens`` moves keys and values between ranks with correct
+gradients, and ``shifted_cp_loss`` is HF's shifted next-token loss across shard boundaries,
+scaled CP / N_global. Every operation is the C++ library's, registered as
+``torch.ops.cpkit.*`` (see docs/python.md).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import torch
+
+torch.ops.load_library(str(pathlib.Path(__file__).with_name("_C.so")))
+
+from . import _ops  # noqa: E402,F401  (autograd and fake kernels)
+from ._api import (  # noqa: E402
+    Sharder,
+    gather_tokens,
+    group_of,
+    prepare_cp_inputs,
+    prepare_packed_cp_inputs,
+    shifted_cp_loss,
+)
+from ._errors import CPError  # noqa: E402
+
+__all__ = [
+    "CPError",
+    "Sharder",
+    "gather_tokens",
+    "group_of",
+    "prepare_cp_inputs",
+    "prepare_packed_cp_inputs",
+    "shifted_cp_loss",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,173 @@
+"""cpkit's Python API: thin wrappers over torch.ops.cpkit.* (the C++ library), with the
+seed's names and the conventions of PyTorch trainers (tensors in, DeviceMesh or ProcessGroup
+for the CP group)."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from ._errors import raise_error, translate
+from ._mesh import Mesh, cp_size_and_rank, group_name
+
+BatchValue = Union[torch.Tensor, list, str, None]
+Batch = dict
+
+# The CPBatch keys (docs/spec.md sections 2 and 3).
+_TENSOR_KEYS = (
+    "input_ids", "inputs_embeds", "labels", "position_ids", "attention_mask", "seq_lens",
+    "seq_lens_padded",
+)
+_KEYS = _TENSOR_KEYS + ("images", "qkv_format")
+_STREAMS = 9  # tensors per microbatch from torch.ops.cpkit.shard
+
+
+@translate
+def gather_tokens(value: torch.Tensor, mesh: Mesh = None, differentiable: bool = True) -> torch.Tensor:
+    """All-gathers ``value [N, ...]`` of every CP rank into ``[CP * N, ...]`` in rank order.
+
+    With ``differentiable`` the backward is one reduce-scatter SUM onto the owning rank (keys
+    and values of attention); without it there is no autograd edge (positions, document ids,
+    padding flags). Counts or trailing shapes that differ across ranks raise CPError on every
+    rank.
+    """
+    name = group_name(mesh)
+    if not differentiable:
+        value = value.detach()
+    return torch.ops.cpkit.gather_tokens(value, name)
+
+
+@translate
+def shifted_cp_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    valid: torch.Tensor,
+    mesh: Mesh = None,
+    softcap: float = 0.0,
+) -> torch.Tensor:
+    """HF's shifted next-token cross-entropy across CP shard boundaries.
+
+    ``logits [B, L, V]`` float32 contiguous, ``labels [B, L]`` int64 unshifted, ``valid
+    [B * L]`` bool (the shard's ``valid``). Returns ``local_sum * CP / N_global`` (0-d
+    float32): averaging it, and its gradients, over the CP ranks (as FSDP does) gives the
+    single-device mean. ``softcap > 0`` applies ``c * tanh(z / c)`` inside the kernel. The
+    backward hands out the gradient the fused forward wrote.
+    """
+    loss, _ = torch.ops.cpkit.shifted_cp_loss(logits, labels, valid, group_name(mesh), float(softcap))
+    return loss
+
+
+class Sharder:
+    """Every microbatch's shard for this rank, taken from the global sequence before the cut.
+
+    ``local(m)`` gives a dict of tensors: ``input_ids`` or ``inputs_embeds`` (when
+    ``shard_primary``), ``labels``, ``position_ids``, ``document_ids``, ``padding``,
+    ``valid`` (flat ``[rows * L]``), and for packed batches ``cu_seqlens`` and
+    ``cu_seqlens_padded`` (offsets of the global row). ``layout(m)`` gives the token range.
+    """
+
+    def __init__(self, batch: Batch, mesh: Mesh, num_chunks: int, shard_primary: bool,
+                 pad_multiple: int, pad_token_id: int, qkv_format: str) -> None:
+        unknown = sorted(set(batch) - set(_KEYS))
+        if unknown:
+            raise_error(unknown[0], f"is not a CPBatch field ({', '.join(_KEYS)})")
+        for key in _TENSOR_KEYS:
+            if batch.get(key) is not None and not isinstance(batch[key], torch.Tensor):
+                raise_error(key, f"must be a tensor, got {type(batch[key]).__name__}")
+        if batch.get("labels") is None:
+            raise_error("labels", "is missing")
+        given = batch.get("qkv_format", qkv_format)
+        if given != qkv_format:
+            raise_error("qkv_format", f"this call takes \"{qkv_format}\" batches, got \"{given}\"")
+        self.cp_size, self.rank = cp_size_and_rank(mesh)
+        self.shard_primary = shard_primary
+        self.images: list = list(batch.get("images") or [])
+        self._batch = batch
+        self._args = (self.cp_size, self.rank, pad_multiple)
+        self._pad_token_id = pad_token_id
+        self._num_chunks = num_chunks
+        flat = torch.ops.cpkit.shard(
+            *(batch.get(key) for key in _TENSOR_KEYS), qkv_format, self.cp_size, self.rank,
+            num_chunks, shard_primary, pad_multiple, pad_token_id,
+        )
+        self._shards = [flat[i:i + _STREAMS] for i in range(0, len(flat), _STREAMS)]
+        self._packed = qkv_format == "thd"
+
+    @property
+    def num_microbatches(self) -> int:
+        return len(self._shards)
+
+    def local(self, microbatch: int) -> dict[str, torch.Tensor]:
+        """This rank's tensors of one microbatch."""
+        (primary, labels, positions, documents, padding, valid, _layout, cu, cu_padded) = \
+            self._shard(microbatch)
+        out = {"labels": labels, "position_ids": positions, "document_ids": documents,
+               "padding": padding, "valid": valid}
+        if self.shard_primary:
+            out["inputs_embeds" if primary.is_floating_point() else "input_ids"] = primary
+        if self._packed:
+            out["cu_seqlens"], out["cu_seqlens_padded"] = cu, cu_padded
+        return out
+
+    def layout(self, microbatch: int) -> dict[str, int]:
+        """seq_len, padded_len, local_len, begin, end of this rank's shard."""
+        values = self._shard(microbatch)[6].tolist()
+        return dict(zip(("seq_len", "padded_len", "local_len", "begin", "end"), values))
+
+    def global_primary(self, microbatch: int) -> torch.Tensor:
+        """shard_primary=False: the microbatch's global, unpadded ids or embeddings."""
+        self._shard(microbatch)
+        primary = self._batch.get("input_ids")
+        if primary is None:
+            primary = self._batch["inputs_embeds"]
+        rows = 1 if self._packed else primary.shape[0] // self._num_chunks
+        return primary[microbatch * rows:(microbatch + 1) * rows]
+
+    @translate
+    def cut_spliced(self, microbatch: int, spliced: torch.Tensor) -> torch.Tensor:
+        """The in-forward cut of the model's spliced ``[rows, S, H]`` embeddings (or ids) of
+        one microbatch, exactly like every other stream; differentiable for embeddings."""
+        self._shard(microbatch)
+        fill = 0.0 if spliced.is_floating_point() else float(self._pad_token_id)
+        return torch.ops.cpkit.cut_spliced(spliced, *self._args, fill)
+
+    def _shard(self, microbatch: int) -> list:
+        if not 0 <= microbatch < self.num_microbatches:
+            raise_error("microbatch", f"must be in [0, {self.num_microbatches}), got {microbatch}")
+        return self._shards[microbatch]
+
+
+@translate
+def prepare_cp_inputs(
+    batch: Batch,
+    num_chunks: int = 1,
+    shard_primary: bool = True,
+    *,
+    mesh: Mesh = None,
+    pad_multiple: int = 1,
+    pad_token_id: int = 0,
+) -> Sharder:
+    """Shards a BSHD batch (``qkv_format`` "bshd"): ``num_chunks`` splits the batch axis."""
+    return Sharder(batch, mesh, num_chunks, shard_primary, pad_multiple, pad_token_id, "bshd")
+
+
+@translate
+def prepare_packed_cp_inputs(
+    batch: Batch,
+    num_chunks: int,
+    shard_primary: bool = True,
+    *,
+    mesh: Mesh = None,
+    pad_multiple: int = 1,
+    pad_token_id: int = 0,
+) -> Sharder:
+    """Shards packed documents (``qkv_format`` "thd"): one packed row per microbatch, so
+    ``num_chunks`` rows; ``seq_lens`` / ``seq_lens_padded`` ``[num_chunks, D]`` end ragged
+    lists with -1000."""
+    return Sharder(batch, mesh, num_chunks, shard_primary, pad_multiple, pad_token_id, "thd")
+
+
+def group_of(mesh: Mesh) -> Optional[str]:
+    """The process-group name cpkit's ops receive for ``mesh`` (None for CP = 1)."""
+    return group_name(mesh) or None

@@ -1,0 +1,149 @@
+"""Autograd formulas and fake (meta) kernels of torch.ops.cpkit.*, registered once on import.
+The forward and backward computations are the C++ library's ops; this file only wires them
+to PyTorch's autograd and gives torch.compile the output shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_LIB = "cpkit::"
+
+
+def _group_size(group_name: str) -> int:
+    if not group_name:
+        return 1
+    return dist.distributed_c10d._resolve_process_group(group_name).size()
+
+
+def _local_length(seq_len: int, cp_size: int, rank: int, pad_multiple: int) -> int:
+    return torch.ops.cpkit.shard_layout(seq_len, cp_size, rank, pad_multiple)[2]
+
+
+# ---- gather_tokens: all-gather forward, reduce-scatter SUM backward (and its adjoint) ----
+
+
+@torch.library.register_fake(_LIB + "gather_tokens")
+def _gather_fake(value: torch.Tensor, group_name: str) -> torch.Tensor:
+    return value.new_empty((value.shape[0] * _group_size(group_name), *value.shape[1:]))
+
+
+@torch.library.register_fake(_LIB + "reduce_scatter_tokens")
+def _reduce_scatter_fake(grad: torch.Tensor, group_name: str) -> torch.Tensor:
+    return grad.new_empty((grad.shape[0] // _group_size(group_name), *grad.shape[1:]))
+
+
+def _setup_group(ctx: Any, inputs: tuple, output: Any) -> None:
+    ctx.group_name = inputs[1]
+
+
+def _gather_backward(ctx: Any, grad: torch.Tensor) -> tuple:
+    return torch.ops.cpkit.reduce_scatter_tokens(grad, ctx.group_name), None
+
+
+def _reduce_scatter_backward(ctx: Any, grad: torch.Tensor) -> tuple:
+    return torch.ops.cpkit.gather_tokens(grad, ctx.group_name), None
+
+
+torch.library.register_autograd(
+    _LIB + "gather_tokens", _gather_backward, setup_context=_setup_group
+)
+torch.library.register_autograd(
+    _LIB + "reduce_scatter_tokens", _reduce_scatter_backward, setup_context=_setup_group
+)
+
+# ---- shifted_cp_loss: the fused kernel returns the loss and its gradient together ----
+
+
+@torch.library.register_fake(_LIB + "shifted_cp_loss")
+def _loss_fake(logits, labels, valid, group_name, softcap):  # type: ignore[no-untyped-def]
+    return logits.new_empty(()), torch.empty_like(logits)
+
+
+def _loss_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
+    ctx.save_for_backward(output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _scaled(grad: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
+    # loss.backward() sends exactly 1: hand out the kernel's gradient storage, no pass over
+    # [B, L, V]. Only in eager mode on a CPU scalar (reading it costs no synchronisation);
+    # traced (fake or functional tensors) and CUDA upstreams take the multiply.
+    if (
+        type(upstream) is torch.Tensor
+        and upstream.device.type == "cpu"
+        and upstream.numel() == 1
+        and upstream.item() == 1.0
+    ):
+        return grad
+    return grad * upstream
+
+
+def _loss_backward(ctx: Any, grad_loss: torch.Tensor, _grad_of_grad: Any) -> tuple:
+    (grad,) = ctx.saved_tensors
+    return _scaled(grad, grad_loss), None, None, None, None
+
+
+torch.library.register_autograd(
+    _LIB + "shifted_cp_loss", _loss_backward, setup_context=_loss_setup
+)
+
+# ---- sharding: data in, shards out (no autograd); the in-forward cut is differentiable ----
+
+
+@torch.library.register_fake(_LIB + "shard")
+def _shard_fake(
+    input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens, seq_lens_padded,
+    qkv_format, cp_size, rank, num_chunks, shard_primary, pad_multiple, pad_token_id,
+):  # type: ignore[no-untyped-def]
+    batch, seq_len = labels.shape
+    rows = 1 if qkv_format == "thd" else batch // num_chunks
+    L = _local_length(seq_len, cp_size, rank, pad_multiple)
+    ctx = torch.library.get_ctx()
+    out = []
+    for _ in range(num_chunks):
+        if not shard_primary:
+            primary = labels.new_empty((0,))
+        elif input_ids is not None:
+            primary = input_ids.new_empty((rows, L))
+        else:
+            primary = inputs_embeds.new_empty((rows, L, inputs_embeds.shape[2]))
+        stream = labels.new_empty((rows, L))
+        flags = labels.new_empty((rows, L), dtype=torch.bool)
+        layout = torch.empty(5, dtype=torch.long)
+        if qkv_format == "thd":
+            documents = ctx.new_dynamic_size()
+            offsets = [torch.empty(documents + 1, dtype=torch.long) for _ in range(2)]
+        else:
+            offsets = [labels.new_empty((0,)) for _ in range(2)]
+        out += [primary, stream, stream.clone(), stream.clone(), flags,
+                labels.new_empty((rows * L,), dtype=torch.bool), layout, *offsets]
+    return out
+
+
+@torch.library.register_fake(_LIB + "cut_spliced")
+def _cut_fake(spliced, cp_size, rank, pad_multiple, fill):  # type: ignore[no-untyped-def]
+    L = _local_length(spliced.shape[1], cp_size, rank, pad_multiple)
+    return spliced.new_empty((spliced.shape[0], L, *spliced.shape[2:]))
+
+
+@torch.library.register_fake(_LIB + "cut_spliced_backward")
+def _uncut_fake(grad, seq_len, cp_size, rank, pad_multiple):  # type: ignore[no-untyped-def]
+    return grad.new_empty((grad.shape[0], seq_len, *grad.shape[2:]))
+
+
+def _cut_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    spliced, ctx.cp_size, ctx.rank, ctx.pad_multiple, _ = inputs
+    ctx.seq_len = spliced.shape[1]
+
+
+def _cut_backward(ctx: Any, grad: torch.Tensor) -> tuple:
+    full = torch.ops.cpkit.cut_spliced_backward(
+        grad, ctx.seq_len, ctx.cp_size, ctx.rank, ctx.pad_multiple
+    )
+    return full, None, None, None, None
+
+
+torch.library.register_autograd(_LIB + "cut_spliced", _cut_backward, setup_context=_cut_setup)

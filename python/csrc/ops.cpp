@@ -1,0 +1,174 @@
+// cpkit's operations in PyTorch's dispatcher as torch.ops.cpkit.*: the schemas, and CPU and
+// CUDA kernels that call the optimized library (the code the property harness proves). The
+// process group travels as its name (a str), as PyTorch's functional collectives pass it, so
+// torch.compile traces the ops without a graph break. Autograd and fake (meta) kernels are
+// registered from Python (cpkit/_ops.py); nothing here computes anything of its own.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "cpkit/optimized/error.hpp"
+#include "cpkit/optimized/gather.hpp"
+#include "cpkit/optimized/loss.hpp"
+#include "cpkit/optimized/sharder.hpp"
+#include "mesh_registry.hpp"
+
+namespace cpkit::python {
+
+namespace {
+
+// cpkit::Error becomes Python's ValueError (c10::ValueError), message unchanged; cpkit's
+// Python layer raises it as cpkit.CPError.
+template <class F>
+auto checked(F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const Error& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
+
+// An op's output never aliases its input (its schema promises a fresh tensor): at CP = 1
+// or for a cut that is already contiguous the library returns a view, copied here.
+at::Tensor fresh(const at::Tensor& out, const at::Tensor& input) {
+  return input.defined() && out.is_alias_of(input) ? out.clone() : out;
+}
+
+at::Tensor gather_tokens_op(const at::Tensor& value, const std::string& group_name) {
+  return checked([&] {
+    return fresh(gather_tokens(value, mesh_for(group_name, value.device()), false), value);
+  });
+}
+
+at::Tensor reduce_scatter_tokens_op(const at::Tensor& grad, const std::string& group_name) {
+  return checked([&] {
+    return fresh(reduce_scatter_tokens(grad, mesh_for(group_name, grad.device())), grad);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> shifted_cp_loss_op(const at::Tensor& logits,
+                                                      const at::Tensor& labels,
+                                                      const at::Tensor& valid,
+                                                      const std::string& group_name,
+                                                      double softcap) {
+  return checked([&] {
+    LossWithGrad out = shifted_cp_loss_with_grad(
+        logits, labels, valid, mesh_for(group_name, logits.device()), {.softcap = softcap});
+    return std::make_tuple(out.loss, out.grad_logits);
+  });
+}
+
+// Per microbatch, nine tensors: primary (ids or embeddings; empty when not sharded), labels,
+// position_ids, document_ids, padding, valid, layout [seq_len, padded_len, local_len, begin,
+// end], cu_seqlens, cu_seqlens_padded (empty for BSHD).
+std::vector<at::Tensor> shard_op(
+    const std::optional<at::Tensor>& input_ids, const std::optional<at::Tensor>& inputs_embeds,
+    const at::Tensor& labels, const std::optional<at::Tensor>& position_ids,
+    const std::optional<at::Tensor>& attention_mask, const std::optional<at::Tensor>& seq_lens,
+    const std::optional<at::Tensor>& seq_lens_padded, const std::string& qkv_format,
+    int64_t cp_size, int64_t rank, int64_t num_chunks, bool shard_primary, int64_t pad_multiple,
+    int64_t pad_token_id) {
+  return checked([&] {
+    CPBatch batch;
+    batch.qkv_format = qkv_format;
+    batch.input_ids = input_ids.value_or(at::Tensor());
+    batch.inputs_embeds = inputs_embeds.value_or(at::Tensor());
+    batch.labels = labels;
+    batch.position_ids = position_ids.value_or(at::Tensor());
+    batch.attention_mask = attention_mask.value_or(at::Tensor());
+    batch.seq_lens = seq_lens.value_or(at::Tensor());
+    batch.seq_lens_padded = seq_lens_padded.value_or(at::Tensor());
+    const PadOptions pad{static_cast<int>(pad_multiple), pad_token_id};
+    const bool packed = qkv_format == "thd";
+    const Sharder sharder =
+        packed ? prepare_packed_cp_inputs_for(batch, static_cast<int>(cp_size),
+                                              static_cast<int>(num_chunks), shard_primary, pad)
+               : prepare_cp_inputs_for(batch, static_cast<int>(cp_size),
+                                       static_cast<int>(num_chunks), shard_primary, pad);
+    if (rank < 0 || rank >= cp_size) raise("rank", "must be in [0, ", cp_size, "), got ", rank);
+    // A fresh empty tensor for each absent output: outputs never alias each other.
+    const auto none = [&] { return at::empty({0}, labels.options()); };
+    std::vector<at::Tensor> out;
+    for (int m = 0; m < sharder.num_microbatches(); ++m) {
+      const LocalShard s = sharder.local(m, static_cast<int>(rank));
+      const at::Tensor primary = s.input_ids.defined() ? fresh(s.input_ids, batch.input_ids)
+                                 : s.inputs_embeds.defined()
+                                     ? fresh(s.inputs_embeds, batch.inputs_embeds)
+                                     : none();
+      const Layout& l = s.layout;
+      out.insert(
+          out.end(),
+          {primary, fresh(s.labels, labels), s.position_ids, s.document_ids, s.padding, s.valid,
+           at::tensor({l.seq_len, l.padded_len, l.local_len, l.begin, l.end}, at::kLong),
+           packed ? sharder.cu_seqlens(m) : none(), packed ? sharder.cu_seqlens_padded(m) : none()});
+    }
+    return out;
+  });
+}
+
+std::vector<int64_t> shard_layout_op(int64_t seq_len, int64_t cp_size, int64_t rank,
+                                     int64_t pad_multiple) {
+  return checked([&] {
+    const Layout l = shard_layout(seq_len, static_cast<int>(cp_size), static_cast<int>(rank),
+                                  static_cast<int>(pad_multiple));
+    return std::vector<int64_t>{l.seq_len, l.padded_len, l.local_len, l.begin, l.end};
+  });
+}
+
+at::Tensor cut_spliced_op(const at::Tensor& spliced, int64_t cp_size, int64_t rank,
+                          int64_t pad_multiple, double fill) {
+  return checked([&] {
+    if (spliced.dim() < 2)
+      raise("spliced", "must be [rows, S, ...], got ", spliced.dim(), " dimensions");
+    const Layout l = shard_layout(spliced.size(1), static_cast<int>(cp_size),
+                                  static_cast<int>(rank), static_cast<int>(pad_multiple));
+    return fresh(cut_columns(spliced, l, fill), spliced);
+  });
+}
+
+at::Tensor cut_spliced_backward_op(const at::Tensor& grad, int64_t seq_len, int64_t cp_size,
+                                   int64_t rank, int64_t pad_multiple) {
+  return checked([&] {
+    const Layout l = shard_layout(seq_len, static_cast<int>(cp_size), static_cast<int>(rank),
+                                  static_cast<int>(pad_multiple));
+    return cut_columns_backward(grad, l);
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY(cpkit, m) {
+  m.def("gather_tokens(Tensor value, str group_name) -> Tensor");
+  m.def("reduce_scatter_tokens(Tensor grad, str group_name) -> Tensor");
+  m.def(
+      "shifted_cp_loss(Tensor logits, Tensor labels, Tensor valid, str group_name, float softcap) "
+      "-> (Tensor, Tensor)");
+  m.def(
+      "shard(Tensor? input_ids, Tensor? inputs_embeds, Tensor labels, Tensor? position_ids, "
+      "Tensor? attention_mask, Tensor? seq_lens, Tensor? seq_lens_padded, str qkv_format, "
+      "int cp_size, int rank, int num_chunks, bool shard_primary, int pad_multiple, "
+      "int pad_token_id) -> Tensor[]");
+  // [seq_len, padded_len, local_len, begin, end] of one rank's shard: the shapes the fake
+  // kernels report come from the library's own rule.
+  m.def("shard_layout(int seq_len, int cp_size, int rank, int pad_multiple) -> int[]",
+        &shard_layout_op);
+  m.def(
+      "cut_spliced(Tensor spliced, int cp_size, int rank, int pad_multiple, float fill) -> Tensor");
+  m.def(
+      "cut_spliced_backward(Tensor grad, int seq_len, int cp_size, int rank, int pad_multiple) "
+      "-> Tensor");
+}
+
+// The library's functions take CPU and CUDA tensors alike and pick their kernels themselves.
+#define CPKIT_REGISTER_KERNELS(KEY)                             \
+  TORCH_LIBRARY_IMPL(cpkit, KEY, m) {                           \
+    m.impl("gather_tokens", &gather_tokens_op);                 \
+    m.impl("reduce_scatter_tokens", &reduce_scatter_tokens_op); \
+    m.impl("shifted_cp_loss", &shifted_cp_loss_op);             \
+    m.impl("shard", &shard_op);                                 \
+    m.impl("cut_spliced", &cut_spliced_op);                     \
+    m.impl("cut_spliced_backward", &cut_spliced_backward_op);   \
+  }
+CPKIT_REGISTER_KERNELS(CPU)
+CPKIT_REGISTER_KERNELS(CUDA)
+
+}  // namespace cpkit::python

@@ -1,0 +1,187 @@
+"""One rank of a CP world started by torchrun (gloo on CPU), checking cpkit against plain
+PyTorch on the unsharded batch. Run by test_torchrun.py:
+    torchrun --standalone --nproc_per_node=N cp_worker.py
+Every check raises on a difference; the exit code tells the test."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+
+import cpkit
+
+IGNORE = -100
+
+
+def single_device_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """HF's causal-LM loss on the whole batch: position t predicts labels[t + 1], mean over
+    the counted targets (0 when there are none)."""
+    V = logits.shape[-1]
+    shift_logits = logits[:, :-1].reshape(-1, V)
+    shift_labels = labels[:, 1:].reshape(-1)
+    total = F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE, reduction="sum")
+    count = (shift_labels != IGNORE).sum()
+    return total / count if count > 0 else total * 0.0
+
+
+def hf_labels(sharder_cp1: cpkit.Sharder, rows: int) -> torch.Tensor:
+    """The unsharded batch's labels with -100 wherever cpkit's layout says 'not a target'
+    (padding, a document's first token): what an HF collator produces."""
+    parts = []
+    for m in range(sharder_cp1.num_microbatches):
+        local = sharder_cp1.local(m)
+        labels = local["labels"].clone()
+        labels[~local["valid"].view_as(labels)] = IGNORE
+        parts.append(labels)
+    return torch.cat(parts)[:rows]
+
+
+def check_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab: int, seed: int,
+               softcap: float = 0.0) -> None:
+    prepare = cpkit.prepare_packed_cp_inputs if packed else cpkit.prepare_cp_inputs
+    chunks = batch["labels"].shape[0] if packed else 1
+    sharder = prepare(batch, chunks, mesh=mesh)
+    whole = prepare(batch, chunks, mesh=None)
+    for m in range(sharder.num_microbatches):
+        layout = sharder.layout(m)
+        local = sharder.local(m)
+        rows, length = local["labels"].shape
+        generator = torch.Generator().manual_seed(seed + m)
+        global_logits = torch.randn(rows, layout["padded_len"], vocab, generator=generator) * 3
+        logits = global_logits[:, layout["begin"]:layout["end"]].contiguous().requires_grad_(True)
+        loss = cpkit.shifted_cp_loss(logits, local["labels"], local["valid"], mesh, softcap=softcap)
+        loss.backward()
+        # The truth: plain PyTorch on the unsharded microbatch.
+        full = whole.local(m)
+        truth_logits = global_logits[:, :layout["seq_len"]].clone().requires_grad_(True)
+        capped = softcap * torch.tanh(truth_logits / softcap) if softcap > 0 else truth_logits
+        labels = full["labels"].clone()
+        labels[~full["valid"].view_as(labels)] = IGNORE
+        truth = single_device_loss(capped, labels)
+        truth.backward()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        mean /= cp
+        torch.testing.assert_close(mean, truth.detach(), rtol=1e-5, atol=1e-6)
+        # Gradients: the CP / N scale means rank gradients are averaged: grad_r / CP = truth.
+        expected = torch.zeros(rows, layout["padded_len"], vocab)
+        expected[:, :layout["seq_len"]] = truth_logits.grad
+        torch.testing.assert_close(logits.grad / cp, expected[:, layout["begin"]:layout["end"]],
+                                   rtol=1e-4, atol=1e-7)
+
+
+def check_gather(mesh, rank: int, cp: int) -> None:
+    value = (torch.arange(6, dtype=torch.float32).view(3, 2) + 10 * rank).requires_grad_(True)
+    gathered = cpkit.gather_tokens(value, mesh, differentiable=True)
+    expected = torch.cat([torch.arange(6, dtype=torch.float32).view(3, 2) + 10 * r for r in range(cp)])
+    torch.testing.assert_close(gathered, expected, rtol=0, atol=0)
+    # Upstream weighted by the receiving rank: the owner's gradient sums over all ranks.
+    upstream = torch.ones_like(gathered).t().contiguous().t() * (rank + 1)  # transposed layout
+    gathered.backward(upstream)
+    torch.testing.assert_close(value.grad, torch.full_like(value, cp * (cp + 1) / 2))
+    metadata = cpkit.gather_tokens(torch.tensor([rank]), mesh, differentiable=False)
+    assert metadata.tolist() == list(range(cp)), metadata
+
+
+def check_sharding(mesh, rank: int, cp: int) -> None:
+    T = 23
+    batch = {"input_ids": torch.arange(1, T + 1).view(1, T), "labels": torch.arange(T).view(1, T),
+             "seq_lens": torch.tensor([[9, 0, 11, -1000]]),
+             "seq_lens_padded": torch.tensor([[10, 1, 11, -1000]]), "qkv_format": "thd"}
+    local = cpkit.prepare_packed_cp_inputs(batch, 1, mesh=mesh).local(0)
+    whole = cpkit.prepare_packed_cp_inputs(batch, 1).local(0)
+    # Every stream gathered back along the sequence equals the unsharded layout cut to T.
+    for key in ("input_ids", "labels", "position_ids", "document_ids", "padding"):
+        back = cpkit.gather_tokens(local[key].t().contiguous(), mesh, False).t()[:, :T]
+        assert torch.equal(back, whole[key]), (key, back, whole[key])
+    assert local["cu_seqlens"].tolist() == [0, 9, 9, 20]
+    assert local["cu_seqlens_padded"].tolist() == [0, 10, 11, 22]
+    # shard_primary=False: the in-forward cut equals the eager shard, and its gradient lands
+    # on this rank's columns of the spliced embeddings.
+    embeds = torch.randn(1, T, 4, generator=torch.Generator().manual_seed(5))
+    eager = cpkit.prepare_packed_cp_inputs({**batch, "input_ids": None, "inputs_embeds": embeds}, 1,
+                                           mesh=mesh)
+    lazy = cpkit.prepare_packed_cp_inputs({**batch, "input_ids": None, "inputs_embeds": embeds}, 1,
+                                          False, mesh=mesh)
+    spliced = embeds.clone().requires_grad_(True)
+    cut = lazy.cut_spliced(0, spliced)
+    assert torch.equal(cut, eager.local(0)["inputs_embeds"])
+    cut.sum().backward()
+    layout = lazy.layout(0)
+    expected = torch.zeros_like(embeds)
+    expected[:, layout["begin"]:min(layout["end"], T)] = 1
+    assert torch.equal(spliced.grad, expected)
+
+
+def check_errors(mesh, rank: int, cp: int) -> None:
+    try:
+        cpkit.gather_tokens(torch.zeros(rank + 1, 2), mesh)  # counts differ across ranks
+    except cpkit.CPError as error:
+        assert "argument 'value'" in str(error), error
+    else:
+        raise AssertionError("mismatched counts did not raise")
+
+
+def check_compile(mesh, rank: int, cp: int) -> None:
+    """torch.compile(fullgraph=True) of a CP step: the same values and gradients as eager."""
+
+    def step(k: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor):
+        keys = cpkit.gather_tokens(k, mesh, differentiable=True)
+        loss = cpkit.shifted_cp_loss(logits + keys.sum() * 0.01, labels, valid, mesh, softcap=20.0)
+        return loss
+
+    generator = torch.Generator().manual_seed(7 + rank)
+    k = torch.randn(4, 3, generator=generator)
+    logits = torch.randn(1, 4, 11, generator=generator)
+    labels = torch.randint(0, 11, (1, 4), generator=generator)
+    valid = torch.tensor([rank > 0, True, True, False])
+    results = []
+    for function in (step, torch.compile(step, fullgraph=True)):
+        k_in = k.clone().requires_grad_(True)
+        logits_in = logits.clone().requires_grad_(True)
+        loss = function(k_in, logits_in, labels, valid)
+        loss.backward()
+        results.append((loss.detach(), k_in.grad, logits_in.grad))
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, cp = dist.get_rank(), dist.get_world_size()
+    names = os.environ.get("CPKIT_MESHES", "device_mesh")
+    mesh = init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",)) if names == "device_mesh" \
+        else dist.group.WORLD
+    check_gather(mesh, rank, cp)
+    check_sharding(mesh, rank, cp)
+    vocab = 37
+    generator = torch.Generator().manual_seed(3)
+    bshd = {"input_ids": torch.randint(1, vocab, (2, 19), generator=generator),
+            "labels": torch.randint(0, vocab, (2, 19), generator=generator),
+            "attention_mask": torch.ones(2, 19, dtype=torch.long)}
+    bshd["attention_mask"][1, :3] = 0  # left padding
+    bshd["labels"][0, 5] = IGNORE
+    check_loss(bshd, False, mesh, rank, cp, vocab, seed=11)
+    check_loss(bshd, False, mesh, rank, cp, vocab, seed=12, softcap=2.5)
+    packed = {"input_ids": torch.randint(1, vocab, (2, 29), generator=generator),
+              "labels": torch.randint(0, vocab, (2, 29), generator=generator),
+              "seq_lens": torch.tensor([[13, 0, 9, 2], [27, -1000, -1000, -1000]]),
+              "seq_lens_padded": torch.tensor([[14, 1, 9, 3], [29, -1000, -1000, -1000]]),
+              "qkv_format": "thd"}
+    check_loss(packed, True, mesh, rank, cp, vocab, seed=13)
+    # N == 0: every label ignored; the loss and its gradient are exactly 0, never NaN.
+    check_loss({**bshd, "labels": torch.full((2, 19), IGNORE)}, False, mesh, rank, cp, vocab, seed=14)
+    check_errors(mesh, rank, cp)
+    if os.environ.get("CPKIT_COMPILE") == "1":
+        check_compile(mesh, rank, cp)
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"rank {rank}/{cp}: all checks passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""The Python layer copies neither logits nor gradients: backward hands out the storage the
+fused kernel wrote (for loss.backward()'s unit upstream), and forward reads the caller's
+logits in place."""
+
+from __future__ import annotations
+
+import torch
+
+import cpkit
+
+
+def _inputs():
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 6, 300, generator=generator, requires_grad=True)
+    labels = torch.randint(0, 300, (2, 6), generator=generator)
+    valid = torch.ones(12, dtype=torch.bool)
+    valid[0] = False
+    return logits, labels, valid
+
+
+def test_backward_hands_out_the_kernel_gradient():
+    logits, labels, valid = _inputs()
+    loss, kernel_grad = torch.ops.cpkit.shifted_cp_loss(logits, labels, valid, "", 0.0)
+    (grad,) = torch.autograd.grad(loss, logits)
+    assert grad.data_ptr() == kernel_grad.data_ptr()
+    # Any other upstream scales it (a new tensor), by the upstream's value.
+    loss, kernel_grad = torch.ops.cpkit.shifted_cp_loss(logits, labels, valid, "", 0.0)
+    (half,) = torch.autograd.grad(loss, logits, torch.tensor(0.5))
+    assert half.data_ptr() != kernel_grad.data_ptr()
+    torch.testing.assert_close(half, kernel_grad * 0.5)
+
+
+def test_public_loss_matches_the_op_and_plain_torch():
+    logits, labels, valid = _inputs()
+    loss = cpkit.shifted_cp_loss(logits, labels, valid)
+    loss.backward()
+    targets = torch.where(valid.view(2, 6), labels, -100)[:, 1:]
+    truth_logits = logits.detach().clone().requires_grad_(True)
+    truth = torch.nn.functional.cross_entropy(truth_logits[:, :-1].reshape(-1, 300),
+                                              targets.reshape(-1), ignore_index=-100)
+    truth.backward()
+    torch.testing.assert_close(loss, truth)
+    torch.testing.assert_close(logits.grad, truth_logits.grad)
