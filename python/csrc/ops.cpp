@@ -99,7 +99,8 @@ std::vector<at::Tensor> shard_op(
           out.end(),
           {primary, fresh(s.labels, labels), s.position_ids, s.document_ids, s.padding, s.valid,
            at::tensor({l.seq_len, l.padded_len, l.local_len, l.begin, l.end}, at::kLong),
-           packed ? sharder.cu_seqlens(m) : none(), packed ? sharder.cu_seqlens_padded(m) : none()});
+           packed ? sharder.cu_seqlens(m) : none(),
+           packed ? sharder.cu_seqlens_padded(m) : none()});
     }
     return out;
   });
