@@ -77,6 +77,20 @@ void BM_CE_Reference(benchmark::State& state) {
   cpkit::bench::set_bytes(state, 8.0 * static_cast<double>(T * V));
 }
 
+// One fused forward (loss and gradient, no autograd) at a small size: the C++ side of the
+// Python op's call overhead (bench/python_bench.py times torch.ops.cpkit.shifted_cp_loss on
+// the same shape). Args: T, V.
+void BM_CE_CallSmall(benchmark::State& state) {
+  const CeInputs in = make_inputs(state.range(0), state.range(1));
+  const at::Tensor logits = in.logits.detach();
+  for (auto _ : state) {
+    const cpkit::LossWithGrad out =
+        cpkit::shifted_cp_loss_with_grad(logits, in.labels, in.valid, nullptr);
+    benchmark::DoNotOptimize(out.grad_logits.data_ptr());
+  }
+}
+BENCHMARK(BM_CE_CallSmall)->Args({16, 1024})->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+
 void ce_sizes(benchmark::internal::Benchmark* b) {
   for (int64_t T : {512, 1024, 2048, 4096})
     for (int64_t V : {32768, 65536, 131072}) b->Args({T, V, 0});

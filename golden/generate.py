@@ -26,6 +26,7 @@ except ImportError:  # the cross-check is optional
 IGNORE = -100
 SENTINEL = -1000
 OUT = pathlib.Path(__file__).resolve().parent / "cases"
+OFFSETS = pathlib.Path(__file__).resolve().parent / "offsets"
 
 
 def padded_length(n, cp, pad_multiple):
@@ -175,6 +176,64 @@ def make_case(name, fmt, cp, rows, S, vocab, seed, num_chunks=1, pad_multiple=1,
     return case
 
 
+def document_starts(docs, padding):
+    """Where each token's attention document starts (docs/spec.md section 4a): a run of one
+    document id; padding before the first real token of a run is its own document."""
+    starts, current, seen_real = [], 0, False
+    for t, (doc, pad) in enumerate(zip(docs, padding)):
+        if t == 0 or doc != docs[t - 1] or (not pad and not seen_real and padding[t - 1]):
+            current, seen_real = t, False
+        seen_real = seen_real or not pad
+        starts.append(current)
+    return starts
+
+
+def offsets_case(name, fmt, cp, rank, rows_streams, pad_len):
+    """Varlen offsets of one rank, written out from the layout by hand-checkable loops."""
+    L = pad_len // cp
+    begin, end = rank * L, (rank + 1) * L
+    starts = [document_starts(st["document_ids"], st["padding"]) for st in rows_streams]
+    k_begin = min(s[begin] for s in starts)
+    q, k = [0], [0]
+    for s in starts:
+        key, t = k_begin, begin
+        while t < end:
+            u = t + 1
+            while u < end and s[u] == s[t]:
+                u += 1
+            if s[t] > key:
+                q.append(q[-1])
+                k.append(k[-1] + s[t] - key)
+            q.append(q[-1] + u - t)
+            k.append(k[-1] + u - s[t])
+            key = t = u
+    lengths_q = [b - a for a, b in zip(q, q[1:])]
+    lengths_k = [b - a for a, b in zip(k, k[1:])]
+    return {"rank": rank, "cu_seqlens_q": q, "cu_seqlens_k": k, "max_seqlen_q": max(lengths_q),
+            "max_seqlen_k": max(lengths_k), "k_begin": k_begin, "k_end": end}
+
+
+def make_offsets_case(name, fmt, cp, S, lens=None, slots=None, masks=None, rows=1):
+    """A hand-checkable row (ids and labels do not matter to the offsets)."""
+    s_pad = padded_length(S, cp, 1)
+    streams, inputs = [], {"input_ids": [[1] * S for _ in range(rows)],
+                           "labels": [[1] * S for _ in range(rows)]}
+    for b in range(rows):
+        if fmt == "thd":
+            streams.append(thd_streams([1] * S, [1] * S, lens[b], slots[b], s_pad, 0))
+        else:
+            streams.append(bshd_streams([1] * S, [1] * S, list(range(S)),
+                                        masks[b] if masks else None, s_pad, 0))
+    if fmt == "thd":
+        inputs["seq_lens"], inputs["seq_lens_padded"] = lens, slots
+    elif masks:
+        inputs["attention_mask"] = masks
+    case = {"name": name, "format": fmt, "cp": cp, "inputs": inputs,
+            "padded_len": s_pad, "ranks": [offsets_case(name, fmt, cp, r, streams, s_pad)
+                                           for r in range(cp)]}
+    (OFFSETS / f"{name}.json").write_text(json.dumps(case, indent=1) + "\n")
+
+
 def main():
     OUT.mkdir(exist_ok=True)
     make_case("bshd_cp1_identity", "bshd", cp=1, rows=1, S=6, vocab=5, seed=1)
@@ -209,6 +268,14 @@ def main():
     make_case("bshd_cp3_restarting_positions", "bshd", cp=3, rows=2, S=8, vocab=5, seed=18,
               positions=[[5, 6, 7, 0, 1, 2, 3, 4], [0, 1, 4, 5, 6, 0, 9, 10]],
               mask_zeros=[(1, 0)])
+    # Varlen attention offsets (hand-checkable; docs/spec.md section 4a).
+    OFFSETS.mkdir(exist_ok=True)
+    make_offsets_case("thd_cp3_three_docs", "thd", cp=3, S=10, lens=[[3, 0, 4]], slots=[[4, 1, 4]])
+    make_offsets_case("thd_cp4_one_long_doc", "thd", cp=4, S=13, lens=[[11]], slots=[[12]])
+    make_offsets_case("thd_cp2_empty_docs_and_tail", "thd", cp=2, S=9,
+                      lens=[[0, 2, 0, 3, SENTINEL]], slots=[[1, 2, 0, 4, SENTINEL]])
+    make_offsets_case("bshd_cp2_left_right_padding", "bshd", cp=2, S=7, rows=2,
+                      masks=[[0, 0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1]])
     print(f"wrote {len(list(OUT.glob('*.json')))} cases to {OUT}")
 
 

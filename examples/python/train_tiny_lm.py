@@ -5,10 +5,11 @@ against the same model trained in one process on the unsharded batches.
 
 Each rank holds a contiguous shard of every packed row (cpkit.prepare_packed_cp_inputs). The
 attention layer's keys and values come through cpkit.gather_tokens, together with the
-gathered positions, document ids and padding flags that give the exact document-causal mask;
-the LM head's logits go to cpkit.shifted_cp_loss, whose CP / N scaling makes the average of
-the ranks' gradients (all-reduce / CP, as FSDP does) the single-device gradient. Rank 0
-prints both runs' losses step by step; every rank exits 1 if they differ.
+gathered positions, document ids and padding flags that give the exact document-causal mask
+(on a GPU, a varlen kernel driven by the shard's cu_seqlens offsets instead). The LM head's
+logits go to cpkit.shifted_cp_loss, whose CP / N scaling makes the average of the ranks'
+gradients (all-reduce / CP, as FSDP does) the single-device gradient. Rank 0 prints both
+runs' losses step by step; every rank exits 1 if they differ.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 import cpkit
+
+try:  # a varlen attention kernel where torch provides one (FlashAttention / cuDNN on a GPU)
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:
+    varlen_attn = None
 
 VOCAB, HIDDEN, HEADS, ROW = 64, 32, 2, 67  # ROW tokens per packed row: no CP divides it
 
@@ -44,6 +50,8 @@ class TinyLM(torch.nn.Module):
         pos_k = cpkit.gather_tokens(pos_q, mesh, differentiable=False)
         doc_k = cpkit.gather_tokens(doc_q, mesh, differentiable=False)
         pad_k = cpkit.gather_tokens(shard["padding"].flatten(), mesh, differentiable=False)
+        if x.is_cuda and varlen_attn is not None:  # a varlen kernel with cpkit's offsets
+            return self.head(x + self.out(self.varlen(q, k_all, v_all, shard))).unsqueeze(0)
         allowed = ((doc_q[:, None] > 0) & (doc_q[:, None] == doc_k[None, :])
                    & (pos_k[None, :] <= pos_q[:, None]) & ~pad_k[None, :])
         # Queries with no key (slot padding of empty documents, the row tail) attend to
@@ -55,6 +63,20 @@ class TinyLM(torch.nn.Module):
                                                   attn_mask=allowed)
         h = x + self.out(attended.transpose(0, 1).reshape(len(ids), HIDDEN))
         return self.head(h).unsqueeze(0)
+
+
+    def varlen(self, q, k_all, v_all, shard) -> torch.Tensor:
+        """The same attention from cpkit's varlen offsets (docs/optimized.md): the shard's
+        queries as they are, keys [k_begin, k_end) of the gathered ones, causal bottom-right.
+        Padding queries' outputs differ from the mask's (unspecified) and reach only ignored
+        labels. Runs where torch's varlen kernel does (CUDA, half precision); not run on the
+        CPU machine this example is tested on."""
+        used = slice(shard["k_begin"], shard["k_end"])
+        split = lambda t: t.reshape(t.shape[0], HEADS, -1).to(torch.bfloat16)  # noqa: E731
+        out = varlen_attn(split(q), split(k_all[used]), split(v_all[used]), shard["cu_seqlens_q"],
+                          shard["cu_seqlens_k"], shard["max_seqlen_q"], shard["max_seqlen_k"],
+                          window_size=(-1, 0))
+        return out.reshape(q.shape[0], HIDDEN).to(q.dtype)
 
 
 def packed_batch(step: int) -> dict:

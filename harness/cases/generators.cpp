@@ -44,7 +44,8 @@ FloatRows random_embeds(Eigen::Index rows, Eigen::Index cols, int hidden, std::u
 
 // Real rows' positions: a random start, then +1 steps with restarts (documents packed into a
 // BSHD row) and gaps (left padding, dropped tokens).
-IntMatrix random_positions(Eigen::Index rows, Eigen::Index cols, std::mt19937_64& rng) {
+IntMatrix random_positions(Eigen::Index rows, Eigen::Index cols, bool increasing,
+                           std::mt19937_64& rng) {
   std::uniform_int_distribution<std::int64_t> start(0, 100), restart(0, 3), gap(2, 6);
   std::uniform_int_distribution<int> percent(0, 99);
   IntMatrix positions(rows, cols);
@@ -53,7 +54,7 @@ IntMatrix random_positions(Eigen::Index rows, Eigen::Index cols, std::mt19937_64
     for (Eigen::Index t = 0; t < cols; ++t) {
       positions(b, t) = p;
       const int roll = percent(rng);
-      p = roll < 10 ? restart(rng) : (roll < 20 ? p + gap(rng) : p + 1);
+      p = roll < 10 && !increasing ? restart(rng) : (roll < 20 ? p + gap(rng) : p + 1);
     }
   }
   return positions;
@@ -111,6 +112,14 @@ rc::Gen<BshdCase> gen_bshd_case() {
   });
 }
 
+rc::Gen<BshdCase> gen_attention_bshd_case() {
+  return rc::gen::map(gen_bshd_case(), [](BshdCase c) {
+    c.edge_mask_only = true;
+    c.increasing_positions = true;
+    return c;
+  });
+}
+
 rc::Gen<PackedCase> gen_packed_case() {
   return rc::gen::exec([] {
     PackedCase c;
@@ -161,12 +170,21 @@ BshdBatch make_batch(const BshdCase& c) {
   else
     batch.input_ids = random_ids(B, S, c.vocab, rng);
   batch.labels = random_labels(B, S, c.vocab, c.ignore_percent, rng);
-  if (c.use_mask) {
+  if (c.use_mask && c.edge_mask_only) {
+    // Left padding [0, a) and right padding [b, S) per row; the real run may be empty.
+    std::uniform_int_distribution<Eigen::Index> cut(0, S);
+    batch.attention_mask = IntMatrix::Zero(B, S);
+    for (Eigen::Index r = 0; r < B; ++r) {
+      Eigen::Index a = cut(rng), b = cut(rng);
+      if (a > b) std::swap(a, b);
+      batch.attention_mask->row(r).segment(a, b - a).setOnes();
+    }
+  } else if (c.use_mask) {
     std::bernoulli_distribution keep(0.75);
     batch.attention_mask = IntMatrix(B, S);
     for (Eigen::Index i = 0; i < B * S; ++i) batch.attention_mask->data()[i] = keep(rng) ? 1 : 0;
   }
-  if (c.use_positions) batch.position_ids = random_positions(B, S, rng);
+  if (c.use_positions) batch.position_ids = random_positions(B, S, c.increasing_positions, rng);
   batch.images.push_back({{3, 2, 2}, std::vector<float>(12, 0.5f)});
   return batch;
 }
@@ -207,6 +225,7 @@ void showValue(const BshdCase& c, std::ostream& os) {
      << " rows_per_chunk=" << c.rows_per_chunk << " S=" << c.seq_len
      << " pad_multiple=" << c.pad_multiple << " H=" << c.hidden << " V=" << c.vocab
      << " embeds=" << c.use_embeds << " mask=" << c.use_mask << " positions=" << c.use_positions
+     << " edge_mask_only=" << c.edge_mask_only << " increasing=" << c.increasing_positions
      << " shard_primary=" << c.shard_primary << " pad_id=" << c.pad_token_id
      << " ignore%=" << c.ignore_percent << " logit_scale=" << c.logit_scale << " seed=" << c.seed
      << "}";

@@ -28,6 +28,10 @@ struct BshdCase {
   bool use_embeds = false;
   bool use_mask = false;       // attention_mask with random zeros
   bool use_positions = false;  // explicit position_ids: offset, restarts and gaps
+  // Attention cases (varlen offsets): mask zeros only as left and right padding, positions
+  // only increasing (gaps kept, no restart).
+  bool edge_mask_only = false;
+  bool increasing_positions = false;
   bool shard_primary = true;
   std::int64_t pad_token_id = 0;
   int ignore_percent = 0;  // share of labels set to -100; 100 = all ignored
@@ -64,6 +68,8 @@ rc::Gen<int> gen_vocab();
 rc::Gen<int> gen_production_vocab();
 
 rc::Gen<BshdCase> gen_bshd_case();
+// BSHD cases whose mask varlen offsets can express: left/right padding, increasing positions.
+rc::Gen<BshdCase> gen_attention_bshd_case();
 rc::Gen<PackedCase> gen_packed_case();
 
 BshdBatch make_batch(const BshdCase& c);

@@ -9,7 +9,8 @@ std::string encode(const BshdCase& c) {
   os << c.cp << " " << c.num_chunks << " " << c.rows_per_chunk << " " << c.seq_len << " "
      << c.pad_multiple << " " << c.hidden << " " << c.vocab << " " << c.use_embeds << " "
      << c.use_mask << " " << c.use_positions << " " << c.shard_primary << " " << c.pad_token_id
-     << " " << c.ignore_percent << " " << c.logit_scale << " " << c.seed;
+     << " " << c.ignore_percent << " " << c.logit_scale << " " << c.seed << " " << c.edge_mask_only
+     << " " << c.increasing_positions;
   return os.str();
 }
 
@@ -18,7 +19,8 @@ BshdCase decode_bshd(const std::string& text) {
   BshdCase c;
   in >> c.cp >> c.num_chunks >> c.rows_per_chunk >> c.seq_len >> c.pad_multiple >> c.hidden >>
       c.vocab >> c.use_embeds >> c.use_mask >> c.use_positions >> c.shard_primary >>
-      c.pad_token_id >> c.ignore_percent >> c.logit_scale >> c.seed;
+      c.pad_token_id >> c.ignore_percent >> c.logit_scale >> c.seed >> c.edge_mask_only >>
+      c.increasing_positions;
   return c;
 }
 

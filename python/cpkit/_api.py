@@ -93,6 +93,7 @@ class Sharder:
         )
         self._shards = [flat[i:i + _STREAMS] for i in range(0, len(flat), _STREAMS)]
         self._packed = qkv_format == "thd"
+        self._format = qkv_format
 
     @property
     def num_microbatches(self) -> int:
@@ -108,7 +109,25 @@ class Sharder:
             out["inputs_embeds" if primary.is_floating_point() else "input_ids"] = primary
         if self._packed:
             out["cu_seqlens"], out["cu_seqlens_padded"] = cu, cu_padded
+            out.update(self.attention_offsets(microbatch))  # always expressible for THD
         return out
+
+    @translate
+    def attention_offsets(self, microbatch: int) -> dict:
+        """Varlen attention offsets of this rank's shard (docs/spec.md section 4a):
+        ``cu_seqlens_q``, ``cu_seqlens_k`` (int32, on the batch's device), ``max_seqlen_q``,
+        ``max_seqlen_k``, ``k_begin``, ``k_end``. Keys for the kernel are
+        ``gathered_keys[..., k_begin:k_end, ...]`` (rows flattened); segments are causal with
+        bottom-right alignment (flash_attn_varlen_func, torch.nn.attention.varlen). BSHD
+        masks with padding between real tokens raise CPError."""
+        self._shard(microbatch)
+        cu_q, cu_k, scalars = torch.ops.cpkit.attention_offsets(
+            *(self._batch.get(key) for key in _TENSOR_KEYS), self._format, self.cp_size,
+            self.rank, self._num_chunks, self._args[2], microbatch,
+        )
+        names = ("max_seqlen_q", "max_seqlen_k", "k_begin", "k_end")
+        return {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
+                **dict(zip(names, scalars.tolist()))}
 
     def layout(self, microbatch: int) -> dict[str, int]:
         """seq_len, padded_len, local_len, begin, end of this rank's shard."""

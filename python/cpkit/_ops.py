@@ -65,6 +65,8 @@ def _loss_fake(logits, labels, valid, group_name, softcap):  # type: ignore[no-u
 def _loss_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.save_for_backward(output[1])
     ctx.mark_non_differentiable(output[1])
+    # The gradient output has no gradient: never materialise a zero [B, L, V] for it.
+    ctx.set_materialize_grads(False)
 
 
 def _scaled(grad: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
@@ -83,6 +85,8 @@ def _scaled(grad: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
 
 def _loss_backward(ctx: Any, grad_loss: torch.Tensor, _grad_of_grad: Any) -> tuple:
     (grad,) = ctx.saved_tensors
+    if grad_loss is None:  # the loss was not used
+        return None, None, None, None, None
     return _scaled(grad, grad_loss), None, None, None, None
 
 
@@ -121,6 +125,16 @@ def _shard_fake(
         out += [primary, stream, stream.clone(), stream.clone(), flags,
                 labels.new_empty((rows * L,), dtype=torch.bool), layout, *offsets]
     return out
+
+
+@torch.library.register_fake(_LIB + "attention_offsets")
+def _offsets_fake(
+    input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens, seq_lens_padded,
+    qkv_format, cp_size, rank, num_chunks, pad_multiple, microbatch,
+):  # type: ignore[no-untyped-def]
+    segments = torch.library.get_ctx().new_dynamic_size()  # data-dependent
+    offsets = [labels.new_empty((segments + 1,), dtype=torch.int32) for _ in range(2)]
+    return offsets[0], offsets[1], torch.empty(4, dtype=torch.long)
 
 
 @torch.library.register_fake(_LIB + "cut_spliced")

@@ -9,6 +9,7 @@
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/gather.hpp"
 #include "cpkit/optimized/loss.hpp"
+#include "cpkit/optimized/offsets.hpp"
 #include "cpkit/optimized/sharder.hpp"
 #include "mesh_registry.hpp"
 
@@ -57,6 +58,36 @@ std::tuple<at::Tensor, at::Tensor> shifted_cp_loss_op(const at::Tensor& logits,
   });
 }
 
+// The batch as the schemas pass it, sharded for `cp_size` ranks (all of them, no mesh: the
+// sharding ops need no communication).
+Sharder sharder_for(const std::optional<at::Tensor>& input_ids,
+                    const std::optional<at::Tensor>& inputs_embeds, const at::Tensor& labels,
+                    const std::optional<at::Tensor>& position_ids,
+                    const std::optional<at::Tensor>& attention_mask,
+                    const std::optional<at::Tensor>& seq_lens,
+                    const std::optional<at::Tensor>& seq_lens_padded, const std::string& qkv_format,
+                    int64_t cp_size, int64_t rank, int64_t num_chunks, bool shard_primary,
+                    int64_t pad_multiple, int64_t pad_token_id) {
+  CPBatch batch;
+  batch.qkv_format = qkv_format;
+  batch.input_ids = input_ids.value_or(at::Tensor());
+  batch.inputs_embeds = inputs_embeds.value_or(at::Tensor());
+  batch.labels = labels;
+  batch.position_ids = position_ids.value_or(at::Tensor());
+  batch.attention_mask = attention_mask.value_or(at::Tensor());
+  batch.seq_lens = seq_lens.value_or(at::Tensor());
+  batch.seq_lens_padded = seq_lens_padded.value_or(at::Tensor());
+  const PadOptions pad{static_cast<int>(pad_multiple), pad_token_id};
+  Sharder sharder =
+      qkv_format == "thd"
+          ? prepare_packed_cp_inputs_for(batch, static_cast<int>(cp_size),
+                                         static_cast<int>(num_chunks), shard_primary, pad)
+          : prepare_cp_inputs_for(batch, static_cast<int>(cp_size), static_cast<int>(num_chunks),
+                                  shard_primary, pad);
+  if (rank < 0 || rank >= cp_size) raise("rank", "must be in [0, ", cp_size, "), got ", rank);
+  return sharder;
+}
+
 // Per microbatch, nine tensors: primary (ids or embeddings; empty when not sharded), labels,
 // position_ids, document_ids, padding, valid, layout [seq_len, padded_len, local_len, begin,
 // end], cu_seqlens, cu_seqlens_padded (empty for BSHD).
@@ -68,41 +99,46 @@ std::vector<at::Tensor> shard_op(
     int64_t cp_size, int64_t rank, int64_t num_chunks, bool shard_primary, int64_t pad_multiple,
     int64_t pad_token_id) {
   return checked([&] {
-    CPBatch batch;
-    batch.qkv_format = qkv_format;
-    batch.input_ids = input_ids.value_or(at::Tensor());
-    batch.inputs_embeds = inputs_embeds.value_or(at::Tensor());
-    batch.labels = labels;
-    batch.position_ids = position_ids.value_or(at::Tensor());
-    batch.attention_mask = attention_mask.value_or(at::Tensor());
-    batch.seq_lens = seq_lens.value_or(at::Tensor());
-    batch.seq_lens_padded = seq_lens_padded.value_or(at::Tensor());
-    const PadOptions pad{static_cast<int>(pad_multiple), pad_token_id};
+    const Sharder sharder = sharder_for(
+        input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens, seq_lens_padded,
+        qkv_format, cp_size, rank, num_chunks, shard_primary, pad_multiple, pad_token_id);
     const bool packed = qkv_format == "thd";
-    const Sharder sharder =
-        packed ? prepare_packed_cp_inputs_for(batch, static_cast<int>(cp_size),
-                                              static_cast<int>(num_chunks), shard_primary, pad)
-               : prepare_cp_inputs_for(batch, static_cast<int>(cp_size),
-                                       static_cast<int>(num_chunks), shard_primary, pad);
-    if (rank < 0 || rank >= cp_size) raise("rank", "must be in [0, ", cp_size, "), got ", rank);
     // A fresh empty tensor for each absent output: outputs never alias each other.
     const auto none = [&] { return at::empty({0}, labels.options()); };
     std::vector<at::Tensor> out;
     for (int m = 0; m < sharder.num_microbatches(); ++m) {
       const LocalShard s = sharder.local(m, static_cast<int>(rank));
-      const at::Tensor primary = s.input_ids.defined() ? fresh(s.input_ids, batch.input_ids)
+      const at::Tensor primary = s.input_ids.defined() ? fresh(s.input_ids, *input_ids)
                                  : s.inputs_embeds.defined()
-                                     ? fresh(s.inputs_embeds, batch.inputs_embeds)
+                                     ? fresh(s.inputs_embeds, *inputs_embeds)
                                      : none();
       const Layout& l = s.layout;
-      out.insert(
-          out.end(),
-          {primary, fresh(s.labels, labels), s.position_ids, s.document_ids, s.padding, s.valid,
-           at::tensor({l.seq_len, l.padded_len, l.local_len, l.begin, l.end}, at::kLong),
-           packed ? sharder.cu_seqlens(m) : none(),
-           packed ? sharder.cu_seqlens_padded(m) : none()});
+      out.insert(out.end(),
+                 {primary, fresh(s.labels, labels), s.position_ids, s.document_ids, s.padding,
+                  s.valid, at::tensor({l.seq_len, l.padded_len, l.local_len, l.begin, l.end}),
+                  packed ? sharder.cu_seqlens(m) : none(),
+                  packed ? sharder.cu_seqlens_padded(m) : none()});
     }
     return out;
+  });
+}
+
+// Varlen attention offsets of one microbatch (offsets.hpp): cu_seqlens_q, cu_seqlens_k
+// (int32, on the batch's device) and [max_seqlen_q, max_seqlen_k, k_begin, k_end].
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_offsets_op(
+    const std::optional<at::Tensor>& input_ids, const std::optional<at::Tensor>& inputs_embeds,
+    const at::Tensor& labels, const std::optional<at::Tensor>& position_ids,
+    const std::optional<at::Tensor>& attention_mask, const std::optional<at::Tensor>& seq_lens,
+    const std::optional<at::Tensor>& seq_lens_padded, const std::string& qkv_format,
+    int64_t cp_size, int64_t rank, int64_t num_chunks, int64_t pad_multiple, int64_t microbatch) {
+  return checked([&] {
+    const Sharder sharder =
+        sharder_for(input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens,
+                    seq_lens_padded, qkv_format, cp_size, rank, num_chunks, false, pad_multiple, 0);
+    const AttentionOffsets o =
+        attention_offsets(sharder, static_cast<int>(microbatch), static_cast<int>(rank));
+    return std::make_tuple(o.cu_seqlens_q, o.cu_seqlens_k,
+                           at::tensor({o.max_seqlen_q, o.max_seqlen_k, o.k_begin, o.k_end}));
   });
 }
 
@@ -148,6 +184,11 @@ TORCH_LIBRARY(cpkit, m) {
       "Tensor? attention_mask, Tensor? seq_lens, Tensor? seq_lens_padded, str qkv_format, "
       "int cp_size, int rank, int num_chunks, bool shard_primary, int pad_multiple, "
       "int pad_token_id) -> Tensor[]");
+  m.def(
+      "attention_offsets(Tensor? input_ids, Tensor? inputs_embeds, Tensor labels, "
+      "Tensor? position_ids, Tensor? attention_mask, Tensor? seq_lens, Tensor? seq_lens_padded, "
+      "str qkv_format, int cp_size, int rank, int num_chunks, int pad_multiple, int microbatch) "
+      "-> (Tensor, Tensor, Tensor)");
   // [seq_len, padded_len, local_len, begin, end] of one rank's shard: the shapes the fake
   // kernels report come from the library's own rule.
   m.def("shard_layout(int seq_len, int cp_size, int rank, int pad_multiple) -> int[]",
@@ -166,6 +207,7 @@ TORCH_LIBRARY(cpkit, m) {
     m.impl("reduce_scatter_tokens", &reduce_scatter_tokens_op); \
     m.impl("shifted_cp_loss", &shifted_cp_loss_op);             \
     m.impl("shard", &shard_op);                                 \
+    m.impl("attention_offsets", &attention_offsets_op);         \
     m.impl("cut_spliced", &cut_spliced_op);                     \
     m.impl("cut_spliced_backward", &cut_spliced_backward_op);   \
   }

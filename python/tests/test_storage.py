@@ -41,3 +41,17 @@ def test_public_loss_matches_the_op_and_plain_torch():
     truth.backward()
     torch.testing.assert_close(loss, truth)
     torch.testing.assert_close(logits.grad, truth_logits.grad)
+
+
+def test_backward_touches_no_other_logits_sized_tensor():
+    """Nothing in the backward writes a [B, L, V] tensor: no zero gradient materialised for
+    the op's second output, no copy of the kernel's gradient."""
+    logits, labels, valid = _inputs()
+    loss = cpkit.shifted_cp_loss(logits, labels, valid)
+    with torch.profiler.profile(record_shapes=True) as profile:
+        torch.autograd.grad(loss, logits)
+    shape = list(logits.shape)
+    touched = [event.name for event in profile.events()
+               if any(list(s) == shape for s in event.input_shapes if isinstance(s, list))
+               and not event.name.startswith(("cpkit::", "GeneratedBackward", "autograd::"))]
+    assert touched == [], touched

@@ -8,9 +8,9 @@
 
 namespace cpkit::golden {
 
-std::vector<std::string> golden_case_names() {
+std::vector<std::string> golden_case_names(const std::string& dir) {
   std::vector<std::string> names;
-  if (DIR* d = opendir(CPKIT_GOLDEN_DIR)) {
+  if (DIR* d = opendir(dir.c_str())) {
     while (const dirent* e = readdir(d)) {
       const std::string file = e->d_name;
       if (file.size() > 5 && file.substr(file.size() - 5) == ".json")
@@ -59,6 +59,29 @@ GoldenCase load_golden_case(const std::string& name) {
       mb.ranks.push_back(e);
     }
     c.microbatches.push_back(mb);
+  }
+  return c;
+}
+
+OffsetsCase load_offsets_case(const std::string& name) {
+  std::ifstream in(std::string(CPKIT_GOLDEN_OFFSETS_DIR) + "/" + name + ".json");
+  if (!in) throw std::runtime_error("golden offsets case " + name + " not found");
+  const Json j = Json::parse(in);
+  OffsetsCase c;
+  c.name = j.at("name");
+  c.format = j.at("format");
+  c.cp = j.at("cp");
+  c.inputs = j.at("inputs");
+  for (const Json& r : j.at("ranks")) {
+    OffsetsRank rank;
+    rank.rank = r.at("rank");
+    rank.cu_seqlens_q = r.at("cu_seqlens_q").get<std::vector<std::int64_t>>();
+    rank.cu_seqlens_k = r.at("cu_seqlens_k").get<std::vector<std::int64_t>>();
+    rank.max_seqlen_q = r.at("max_seqlen_q");
+    rank.max_seqlen_k = r.at("max_seqlen_k");
+    rank.k_begin = r.at("k_begin");
+    rank.k_end = r.at("k_end");
+    c.ranks.push_back(rank);
   }
   return c;
 }

@@ -38,9 +38,23 @@ struct GoldenCase {
   std::vector<ExpectedMicrobatch> microbatches;
 };
 
-// Every case file under the golden directory (CPKIT_GOLDEN_DIR), sorted by name.
-std::vector<std::string> golden_case_names();
+// Every case file under `dir` (golden/cases by default), sorted by name.
+std::vector<std::string> golden_case_names(const std::string& dir = CPKIT_GOLDEN_DIR);
 GoldenCase load_golden_case(const std::string& name);
+
+// golden/offsets: varlen attention offsets of every rank for a small, hand-checkable row.
+struct OffsetsRank {
+  int rank = 0;
+  std::vector<std::int64_t> cu_seqlens_q, cu_seqlens_k;
+  std::int64_t max_seqlen_q = 0, max_seqlen_k = 0, k_begin = 0, k_end = 0;
+};
+struct OffsetsCase {
+  std::string name, format;
+  int cp = 1;
+  Json inputs;
+  std::vector<OffsetsRank> ranks;
+};
+OffsetsCase load_offsets_case(const std::string& name);
 
 // FP32 oracle vs cpkit: losses and gradients within these.
 inline constexpr double kGoldenLossRtol = 1e-5;

@@ -121,5 +121,35 @@ TEST_P(OptimizedGolden, LossMatchesTheOracleOnRealRanks) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, OptimizedGolden, ::testing::ValuesIn(golden_case_names()));
 
+// golden/offsets: hand-checkable varlen attention offsets (docs/spec.md section 4a).
+class OptimizedOffsetsGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OptimizedOffsetsGolden, ReproducesTheHandCheckedOffsets) {
+  const OffsetsCase o = load_offsets_case(GetParam());
+  GoldenCase c;
+  c.name = o.name;
+  c.format = o.format;
+  c.cp = o.cp;
+  c.inputs = o.inputs;
+  const Sharder s = prepare(c, nullptr);
+  auto values = [](const at::Tensor& t) {
+    const at::Tensor longs = t.to(at::kLong).contiguous();
+    return std::vector<std::int64_t>(longs.data_ptr<int64_t>(),
+                                     longs.data_ptr<int64_t>() + longs.numel());
+  };
+  for (const OffsetsRank& e : o.ranks) {
+    const auto got = attention_offsets(s, 0, e.rank);
+    EXPECT_EQ(values(got.cu_seqlens_q), e.cu_seqlens_q) << "rank " << e.rank;
+    EXPECT_EQ(values(got.cu_seqlens_k), e.cu_seqlens_k) << "rank " << e.rank;
+    EXPECT_EQ(got.max_seqlen_q, e.max_seqlen_q) << "rank " << e.rank;
+    EXPECT_EQ(got.max_seqlen_k, e.max_seqlen_k) << "rank " << e.rank;
+    EXPECT_EQ(got.k_begin, e.k_begin) << "rank " << e.rank;
+    EXPECT_EQ(got.k_end, e.k_end) << "rank " << e.rank;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Offsets, OptimizedOffsetsGolden,
+                         ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_OFFSETS_DIR)));
+
 }  // namespace
 }  // namespace cpkit::golden

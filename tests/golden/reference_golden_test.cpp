@@ -113,5 +113,33 @@ TEST(GoldenCases, AtLeastTwelveCoverBothFormatsAndCpOneToEight) {
   EXPECT_TRUE(bshd && thd && cp1 && cp8);
 }
 
+// golden/offsets: hand-checkable varlen attention offsets (docs/spec.md section 4a).
+class ReferenceOffsetsGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReferenceOffsetsGolden, ReproducesTheHandCheckedOffsets) {
+  const OffsetsCase o = load_offsets_case(GetParam());
+  GoldenCase c;
+  c.name = o.name;
+  c.format = o.format;
+  c.cp = o.cp;
+  c.inputs = o.inputs;
+  const ref::Sharder s = prepare(c);
+  auto values = [](const ref::IntVector& v) {
+    return std::vector<std::int64_t>(v.data(), v.data() + v.size());
+  };
+  for (const OffsetsRank& e : o.ranks) {
+    const auto got = ref::attention_offsets(s, 0, e.rank);
+    EXPECT_EQ(values(got.cu_seqlens_q), e.cu_seqlens_q) << "rank " << e.rank;
+    EXPECT_EQ(values(got.cu_seqlens_k), e.cu_seqlens_k) << "rank " << e.rank;
+    EXPECT_EQ(got.max_seqlen_q, e.max_seqlen_q) << "rank " << e.rank;
+    EXPECT_EQ(got.max_seqlen_k, e.max_seqlen_k) << "rank " << e.rank;
+    EXPECT_EQ(got.k_begin, e.k_begin) << "rank " << e.rank;
+    EXPECT_EQ(got.k_end, e.k_end) << "rank " << e.rank;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Offsets, ReferenceOffsetsGolden,
+                         ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_OFFSETS_DIR)));
+
 }  // namespace
 }  // namespace cpkit::golden

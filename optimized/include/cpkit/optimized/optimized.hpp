@@ -9,5 +9,6 @@
 #include "cpkit/optimized/host_cache.hpp"
 #include "cpkit/optimized/launch.hpp"
 #include "cpkit/optimized/loss.hpp"
+#include "cpkit/optimized/offsets.hpp"
 #include "cpkit/optimized/process_group.hpp"
 #include "cpkit/optimized/sharder.hpp"

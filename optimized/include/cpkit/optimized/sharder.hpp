@@ -8,6 +8,7 @@
 
 #include "cpkit/optimized/batch.hpp"
 #include "cpkit/optimized/communicator.hpp"
+#include "cpkit/optimized/offsets.hpp"
 
 namespace cpkit {
 
@@ -67,7 +68,13 @@ class Sharder {
   at::Tensor cu_seqlens(int microbatch) const;
   at::Tensor cu_seqlens_padded(int microbatch) const;
 
+  // Varlen attention offsets of this rank's shard (offsets.hpp, docs/spec.md section 4a).
+  AttentionOffsets attention_offsets(int microbatch) const {
+    return cpkit::attention_offsets(*this, microbatch, rank());
+  }
+
  private:
+  friend AttentionOffsets attention_offsets(const Sharder& sharder, int microbatch, int rank);
   const Microbatch& microbatch(int index) const;
   void check_rank(int rank) const;
 

@@ -42,4 +42,14 @@ std::vector<FloatMatrix> cp_attention(const std::vector<RankAttention>& ranks);
 std::vector<AttentionGrads> cp_attention_backward(const std::vector<RankAttention>& ranks,
                                                   const std::vector<FloatMatrix>& d_out);
 
+// FlashAttention's varlen attention (causal, bottom-right alignment), single head: segment
+// i's queries q[cu_q[i], cu_q[i + 1]) (m of them) attend keys k[cu_k[i], cu_k[i + 1]) (n of
+// them); query a of the segment sees keys j <= a + n - m. A query with no key (n < m) gives
+// a zero row. Segments may hold no query (they skip keys).
+FloatMatrix varlen_attention(const FloatMatrix& q, const FloatMatrix& k, const FloatMatrix& v,
+                             const IntVector& cu_q, const IntVector& cu_k);
+AttentionGrads varlen_attention_backward(const FloatMatrix& q, const FloatMatrix& k,
+                                         const FloatMatrix& v, const IntVector& cu_q,
+                                         const IntVector& cu_k, const FloatMatrix& d_out);
+
 }  // namespace cpkit::reference

@@ -6,5 +6,6 @@
 #include "cpkit/reference/error.hpp"
 #include "cpkit/reference/gather.hpp"
 #include "cpkit/reference/loss.hpp"
+#include "cpkit/reference/offsets.hpp"
 #include "cpkit/reference/sharder.hpp"
 #include "cpkit/reference/types.hpp"

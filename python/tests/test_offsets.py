@@ -1,0 +1,100 @@
+"""Varlen attention offsets from Python: a FlashAttention-style varlen attention (causal,
+bottom-right aligned) driven by each rank's offsets equals masked attention over the whole
+row on every real query, for packed documents straddling ranks, empty documents, slot
+padding and a row tail, and for BSHD rows with left and right padding."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import cpkit
+
+
+def varlen(q, k, v, cu_q, cu_k):
+    """FlashAttention's varlen semantics, written out: query a of a segment of m queries and
+    n keys sees keys j <= a + n - m."""
+    out = torch.zeros_like(q)
+    for i in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+        m, n = q1 - q0, k1 - k0
+        if m == 0:
+            continue
+        scores = q[q0:q1] @ k[k0:k1].T / math.sqrt(q.shape[-1])
+        visible = torch.arange(n)[None, :] <= torch.arange(m)[:, None] + n - m
+        out[q0:q1] = torch.softmax(scores.masked_fill(~visible, -math.inf), -1) @ v[k0:k1]
+    return out
+
+
+def masked(q, k, v, whole):
+    pos, doc, pad = (whole[key].flatten() for key in ("position_ids", "document_ids", "padding"))
+    allowed = ((doc[:, None] > 0) & (doc[:, None] == doc[None, :]) & (pos[None, :] <= pos[:, None])
+               & ~pad[None, :])
+    scores = (q @ k.T / math.sqrt(q.shape[-1])).masked_fill(~allowed, -math.inf)
+    probs = torch.where(allowed.any(1, keepdim=True), torch.softmax(scores.nan_to_num(-1e9), -1), 0)
+    return probs @ v
+
+
+def offsets(batch, fmt, cp, rank):
+    cu_q, cu_k, scalars = torch.ops.cpkit.attention_offsets(
+        batch.get("input_ids"), None, batch["labels"], None, batch.get("attention_mask"),
+        batch.get("seq_lens"), batch.get("seq_lens_padded"), fmt, cp, rank, 1, 1, 0)
+    assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32
+    return cu_q, cu_k, dict(zip(("max_q", "max_k", "k_begin", "k_end"), scalars.tolist()))
+
+
+@pytest.mark.parametrize("cp", [1, 2, 3, 5])
+@pytest.mark.parametrize("fmt", ["thd", "bshd"])
+def test_varlen_from_offsets_equals_masked_attention(cp, fmt):
+    T = 23
+    batch = {"input_ids": torch.ones(1, T, dtype=torch.long),
+             "labels": torch.ones(1, T, dtype=torch.long), "qkv_format": fmt}
+    if fmt == "thd":
+        batch["seq_lens"] = torch.tensor([[9, 0, 4, 6]])
+        batch["seq_lens_padded"] = torch.tensor([[10, 1, 4, 6]])
+        prepare = cpkit.prepare_packed_cp_inputs
+    else:
+        batch["attention_mask"] = torch.tensor([[0] * 3 + [1] * 17 + [0] * 3])
+        prepare = lambda b, n: cpkit.prepare_cp_inputs(b, n)  # noqa: E731
+    whole = prepare(batch, 1)
+    layout_pad = torch.ops.cpkit.shard_layout(T, cp, 0, 1)[1]
+    whole_padded = {key: torch.nn.functional.pad(whole.local(0)[key], (0, layout_pad - T),
+                                                 value=0 if key != "padding" else True)
+                    for key in ("position_ids", "document_ids", "padding")}
+    g = torch.Generator().manual_seed(cp)
+    q, k, v = (torch.randn(layout_pad, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    expected = masked(q, k, v, whole_padded)
+    L = layout_pad // cp
+    for rank in range(cp):
+        cu_q, cu_k, s = offsets(batch, fmt, cp, rank)
+        begin = rank * L
+        assert s["k_end"] == begin + L and int(cu_q[-1]) == L
+        got = varlen(q[begin:begin + L], k[s["k_begin"]:s["k_end"]], v[s["k_begin"]:s["k_end"]],
+                     cu_q, cu_k)
+        real = ~whole_padded["padding"].flatten()[begin:begin + L]
+        torch.testing.assert_close(got[real], expected[begin:begin + L][real])
+        assert s["max_q"] == int((cu_q[1:] - cu_q[:-1]).max())
+        assert s["max_k"] == int((cu_k[1:] - cu_k[:-1]).max())
+
+
+def test_packed_local_dict_carries_the_offsets():
+    batch = {"input_ids": torch.ones(1, 8, dtype=torch.long),
+             "labels": torch.ones(1, 8, dtype=torch.long),
+             "seq_lens": torch.tensor([[3, 5]]), "seq_lens_padded": torch.tensor([[3, 5]]),
+             "qkv_format": "thd"}
+    local = cpkit.prepare_packed_cp_inputs(batch, 1).local(0)
+    assert local["cu_seqlens_q"].tolist() == [0, 3, 8]
+    assert local["cu_seqlens_k"].tolist() == [0, 3, 8]
+    assert (local["max_seqlen_q"], local["max_seqlen_k"], local["k_begin"], local["k_end"]) == \
+        (5, 5, 0, 8)
+
+
+def test_a_hole_in_the_mask_is_named():
+    batch = {"input_ids": torch.ones(1, 6, dtype=torch.long),
+             "labels": torch.ones(1, 6, dtype=torch.long),
+             "attention_mask": torch.tensor([[1, 1, 0, 1, 1, 1]])}
+    sharder = cpkit.prepare_cp_inputs(batch)
+    with pytest.raises(cpkit.CPError, match="argument 'attention_mask'.*between real tokens"):
+        sharder.attention_offsets(0)
