@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The Python layer's costs, measured in one run (docs/performance.md, "Python"):
 
-1. Call overhead: torch.ops.cpkit.shifted_cp_loss (and cpkit.shifted_cp_loss with autograd)
+1. Call overhead: torch.ops.cpkit.shifted_cp_loss (and the public cpkit.shifted_cp_loss)
    from Python against the same fused call from C++ (cpkit-bench's BM_CE_CallSmall, run as a
-   subprocess of this script on the same shape), at [1, 16, 1024].
+   subprocess of this script on the same shape), at [1, 16, 1024]; best of 7 medians each.
 3. The cost of contiguous causal sharding: (query, key) pairs each rank's varlen segments
    attend (from cpkit's offsets), max over ranks / mean, for the demo's packed row and for
    one long document, CP 2, 4, 8.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import statistics
@@ -53,16 +54,23 @@ def inputs(T: int, V: int, seed: int = 0):
 def call_overhead(build: pathlib.Path) -> dict:
     logits, labels, valid = inputs(16, 1024)
     raw = logits.detach()
-    op = timed(lambda: torch.ops.cpkit.shifted_cp_loss(raw, labels, valid, "", 0.0), 2000)
-    public = timed(lambda: cpkit.shifted_cp_loss(raw, labels, valid), 2000)
+    calls = {"op": lambda: torch.ops.cpkit.shifted_cp_loss(raw, labels, valid, "", 0.0),
+             "public": lambda: cpkit.shifted_cp_loss(raw, labels, valid)}
+    # Microseconds are noisy on 2 shared cores: rounds alternate, the best median counts.
+    best = {name: math.inf for name in calls}
+    for _ in range(7):
+        for name, call in calls.items():
+            best[name] = min(best[name], timed(call, 300))
     bench = subprocess.run(
         [str(build / "bench" / "cpkit-bench"), "--benchmark_filter=BM_CE_CallSmall",
-         "--benchmark_format=json"], capture_output=True, text=True, check=True)
-    cpp = json.loads(bench.stdout)["benchmarks"][0]
-    cpp_us = cpp["real_time"] * {"us": 1, "ns": 1e-3, "ms": 1e3}[cpp["time_unit"]]
-    return {"shape": [1, 16, 1024], "cpp_us": cpp_us, "op_us": op * 1e6,
-            "public_us": public * 1e6, "op_overhead_us": op * 1e6 - cpp_us,
-            "public_overhead_us": public * 1e6 - cpp_us}
+         "--benchmark_repetitions=7", "--benchmark_format=json"],
+        capture_output=True, text=True, check=True)
+    runs = [b for b in json.loads(bench.stdout)["benchmarks"] if b.get("run_type") == "iteration"]
+    unit = {"us": 1, "ns": 1e-3, "ms": 1e3}[runs[0]["time_unit"]]
+    cpp_us = min(b["real_time"] for b in runs) * unit
+    return {"shape": [1, 16, 1024], "cpp_us": cpp_us, "op_us": best["op"] * 1e6,
+            "public_us": best["public"] * 1e6, "op_overhead_us": best["op"] * 1e6 - cpp_us,
+            "public_overhead_us": best["public"] * 1e6 - cpp_us}
 
 
 def attended_pairs(cu_q: torch.Tensor, cu_k: torch.Tensor) -> int:
@@ -87,7 +95,7 @@ def imbalance() -> list:
             pairs = []
             for rank in range(cp):
                 cu_q, cu_k, _ = torch.ops.cpkit.attention_offsets(
-                    None, None, labels, None, None, torch.tensor([lens]), torch.tensor([slots]),
+                    labels, None, labels, None, None, torch.tensor([lens]), torch.tensor([slots]),
                     "thd", cp, rank, 1, 1, 0)
                 pairs.append(attended_pairs(cu_q, cu_k))
             out.append({"row": name, "cp": cp, "pairs_per_rank": pairs,
