@@ -108,6 +108,13 @@ TEST(BadInputOptimized, NumChunksNotDividingBatch) {
 
 TEST(BadInputOptimized, WrongFormatForTheCall) {
   expect_rejected([] { prepare_cp_inputs(packed(), nullptr); }, "qkv_format", {"thd"});
+  // The all-ranks variants check it too.
+  expect_rejected([] { prepare_cp_inputs_for(packed(), 2); }, "qkv_format",
+                  {"prepare_cp_inputs_for", "\"thd\""});
+  CPBatch bshd = packed();
+  bshd.qkv_format = "bshd";
+  expect_rejected([&] { prepare_packed_cp_inputs_for(bshd, 2, 1); }, "qkv_format",
+                  {"prepare_packed_cp_inputs_for", "\"bshd\""});
 }
 
 TEST(BadInputOptimized, ImageWithWrongRank) {
