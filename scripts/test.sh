@@ -22,7 +22,8 @@ venv=${CPKIT_TORCH_VENV:-$HOME/.cache/cpkit/torch-2.11.0}
 (cd "$root/python/tests" && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
 
 echo "== build (ASan + UBSan)"
-"$root/scripts/build.sh" "$root/build-asan" -DCPKIT_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+"$root/scripts/build.sh" "$root/build-asan" -DCPKIT_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
+  -DCPKIT_BUILD_BENCH=OFF
 echo "== ctest under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir "$root/build-asan" --output-on-failure -j "$jobs"
