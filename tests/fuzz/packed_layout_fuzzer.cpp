@@ -52,7 +52,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::vector<std::int64_t> lens;
     for (int d = 0; d < D; ++d)
       if (batch.seq_lens(0, d) != kSeqLenSentinel) lens.push_back(batch.seq_lens(0, d));
-    if (g.padded_len % (cp * pad_multiple) != 0 || g.padded_len < T) __builtin_trap();
+    // CP = 1 is the identity on layout; otherwise the next multiple of CP * pad_multiple.
+    const bool padded_ok = cp == 1 ? g.padded_len == T
+                                   : g.padded_len % (cp * pad_multiple) == 0 && g.padded_len >= T &&
+                                         g.padded_len - T < cp * pad_multiple;
+    if (!padded_ok) __builtin_trap();
     const auto docs = static_cast<std::int64_t>(lens.size());
     const auto agrees = [&](const cpkit::kernels::PackedToken& tok, std::int64_t t) {
       return tok.document == g.document_ids(0, t) && tok.position == g.position_ids(0, t) &&
