@@ -135,24 +135,37 @@ class ShiftedCrossEntropy : public torch::autograd::Function<ShiftedCrossEntropy
 
 }  // namespace
 
+namespace {
+
+// What both entry points do before the kernel: check, shift with the halo, count over the mesh.
+struct Targets {
+  at::Tensor targets, count;
+};
+
+Targets prepare_targets(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& valid,
+                        const MeshPtr& mesh) {
+  check_loss_inputs(logits, labels, valid);
+  at::Tensor targets = shifted_targets(labels, valid, mesh);
+  at::Tensor count = global_target_count(targets, mesh);
+  return {targets, count};
+}
+
+}  // namespace
+
 at::Tensor shifted_cp_loss(const at::Tensor& logits, const at::Tensor& labels,
                            const at::Tensor& valid, const MeshPtr& mesh,
                            const LossOptions& options) {
-  check_loss_inputs(logits, labels, valid);
-  const at::Tensor targets = shifted_targets(labels, valid, mesh);
-  const at::Tensor count = global_target_count(targets, mesh);
-  return ShiftedCrossEntropy::apply(logits, targets, count, int64_t{cp_size(mesh)},
+  const Targets t = prepare_targets(logits, labels, valid, mesh);
+  return ShiftedCrossEntropy::apply(logits, t.targets, t.count, int64_t{cp_size(mesh)},
                                     options.softcap);
 }
 
 LossWithGrad shifted_cp_loss_with_grad(const at::Tensor& logits, const at::Tensor& labels,
                                        const at::Tensor& valid, const MeshPtr& mesh,
                                        const LossOptions& options) {
-  check_loss_inputs(logits, labels, valid);
-  const at::Tensor targets = shifted_targets(labels, valid, mesh);
-  const at::Tensor count = global_target_count(targets, mesh);
+  const Targets t = prepare_targets(logits, labels, valid, mesh);
   const at::NoGradGuard no_grad;
-  return fused_loss(logits.detach(), targets, count, cp_size(mesh), options.softcap);
+  return fused_loss(logits.detach(), t.targets, t.count, cp_size(mesh), options.softcap);
 }
 
 }  // namespace cpkit

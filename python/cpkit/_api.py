@@ -94,6 +94,7 @@ class Sharder:
         self._shards = [flat[i:i + _STREAMS] for i in range(0, len(flat), _STREAMS)]
         self._packed = qkv_format == "thd"
         self._format = qkv_format
+        self._offsets: dict[int, dict] = {}
 
     @property
     def num_microbatches(self) -> int:
@@ -121,13 +122,16 @@ class Sharder:
         bottom-right alignment (flash_attn_varlen_func, torch.nn.attention.varlen). BSHD
         masks with padding between real tokens raise CPError."""
         self._shard(microbatch)
+        if microbatch in self._offsets:  # computed once per microbatch
+            return dict(self._offsets[microbatch])
         cu_q, cu_k, scalars = torch.ops.cpkit.attention_offsets(
             *(self._batch.get(key) for key in _TENSOR_KEYS), self._format, self.cp_size,
             self.rank, self._num_chunks, self._args[2], microbatch,
         )
         names = ("max_seqlen_q", "max_seqlen_k", "k_begin", "k_end")
-        return {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
-                **dict(zip(names, scalars.tolist()))}
+        self._offsets[microbatch] = {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
+                                     **dict(zip(names, scalars.tolist()))}
+        return dict(self._offsets[microbatch])
 
     def layout(self, microbatch: int) -> dict[str, int]:
         """seq_len, padded_len, local_len, begin, end of this rank's shard."""
