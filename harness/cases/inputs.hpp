@@ -17,7 +17,9 @@ enum class Input : std::uint64_t {
   kKey,
   kValue,
   kAttentionGrad,
-  kLayout,  // memory layouts of non-contiguous inputs and gradients
+  kLayout,      // memory layouts of non-contiguous inputs and gradients
+  kHidden,      // the LM head's input hidden states (index: microbatch)
+  kHeadWeight,  // the LM head's weight [V, H]
 };
 
 // splitmix64 of (seed, input, index): distinct streams for distinct inputs.

@@ -4,7 +4,7 @@ One sequence is cut into contiguous shards, one per CP rank. ``prepare_cp_inputs
 ``prepare_packed_cp_inputs`` give each rank its tensors (positions and document ids taken
 before the cut), ``gather_tokens`` moves keys and values between ranks with correct
 gradients, and ``shifted_cp_loss`` is HF's shifted next-token loss across shard boundaries,
-scaled CP / N_global. Every operation is the C++ library's, registered as
+scaled CP / N_global; ``shifted_cp_linear_loss`` fuses the LM head into it. Every operation is the C++ library's, registered as
 ``torch.ops.cpkit.*`` (see docs/python.md).
 """
 
@@ -23,6 +23,7 @@ from ._api import (  # noqa: E402
     group_of,
     prepare_cp_inputs,
     prepare_packed_cp_inputs,
+    shifted_cp_linear_loss,
     shifted_cp_loss,
 )
 from ._errors import CPError  # noqa: E402
@@ -34,6 +35,7 @@ __all__ = [
     "group_of",
     "prepare_cp_inputs",
     "prepare_packed_cp_inputs",
+    "shifted_cp_linear_loss",
     "shifted_cp_loss",
 ]
 __version__ = "0.1.0"

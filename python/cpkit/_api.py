@@ -58,6 +58,33 @@ def shifted_cp_loss(
     return loss
 
 
+def shifted_cp_linear_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    valid: torch.Tensor,
+    mesh: Mesh = None,
+    softcap: float = 0.0,
+    chunk_rows: int = 0,
+) -> torch.Tensor:
+    """The LM head fused into :func:`shifted_cp_loss`: never materialises ``[B, L, V]``.
+
+    ``hidden [B, L, H]`` and ``weight [V, H]`` (the head, ``lm_head.weight``): float32 or
+    bfloat16, same dtype and device; ``labels`` and ``valid`` as for ``shifted_cp_loss``.
+    Returns exactly ``shifted_cp_loss(softcap(hidden @ weight.T).float(), labels, valid,
+    mesh)``, with gradients for ``hidden`` and ``weight`` computed in the forward, a chunk of
+    ``chunk_rows`` token rows at a time (0: as many as fit 128 MiB of fp32 logits on CPU, 1 GiB
+    on CUDA). Peak extra memory is about one chunk of logits, whatever ``L`` is. A gradient
+    is computed only for an input that requires one.
+    """
+    grad_on = torch.is_grad_enabled()
+    loss, _, _ = torch.ops.cpkit.shifted_cp_linear_loss(
+        hidden, weight, labels, valid, group_name(mesh), float(softcap), int(chunk_rows),
+        grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
+    )
+    return loss
+
+
 class Sharder:
     """Every microbatch's shard for this rank, taken from the global sequence before the cut.
 

@@ -94,6 +94,40 @@ torch.library.register_autograd(
     _LIB + "shifted_cp_loss", _loss_backward, setup_context=_loss_setup
 )
 
+# ---- shifted_cp_linear_loss: the LM head fused into the loss, gradients from the forward ----
+
+
+@torch.library.register_fake(_LIB + "shifted_cp_linear_loss")
+def _linear_loss_fake(hidden, weight, labels, valid, group_name, softcap, chunk_rows,
+                      grad_hidden, grad_weight):  # type: ignore[no-untyped-def]
+    dh = torch.empty_like(hidden) if grad_hidden else hidden.new_empty((0,))
+    dw = torch.empty_like(weight) if grad_weight else weight.new_empty((0,))
+    return hidden.new_empty((), dtype=torch.float32), dh, dw
+
+
+def _linear_loss_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
+    ctx.save_for_backward(output[1], output[2])
+    ctx.wanted = (inputs[7], inputs[8])
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.set_materialize_grads(False)
+
+
+def _linear_loss_backward(ctx: Any, grad_loss: torch.Tensor, _dh: Any, _dw: Any) -> tuple:
+    dh, dw = ctx.saved_tensors
+    none = (None,) * 7
+    if grad_loss is None:
+        return (None, None) + none
+    want_hidden, want_weight = ctx.wanted
+    return (
+        _scaled(dh, grad_loss) if want_hidden else None,
+        _scaled(dw, grad_loss) if want_weight else None,
+    ) + none
+
+
+torch.library.register_autograd(
+    _LIB + "shifted_cp_linear_loss", _linear_loss_backward, setup_context=_linear_loss_setup
+)
+
 # ---- sharding: data in, shards out (no autograd); the in-forward cut is differentiable ----
 
 

@@ -8,6 +8,7 @@
 
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/gather.hpp"
+#include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/offsets.hpp"
 #include "cpkit/optimized/sharder.hpp"
@@ -55,6 +56,28 @@ std::tuple<at::Tensor, at::Tensor> shifted_cp_loss_op(const at::Tensor& logits,
     LossWithGrad out = shifted_cp_loss_with_grad(
         logits, labels, valid, mesh_for(group_name, logits.device()), {.softcap = softcap});
     return std::make_tuple(out.loss, out.grad_logits);
+  });
+}
+
+// A gradient not asked for comes back as an empty [0] tensor (an op returns no None).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> shifted_cp_linear_loss_op(
+    const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+    const at::Tensor& valid, const std::string& group_name, double softcap, int64_t chunk_rows,
+    bool grad_hidden, bool grad_weight) {
+  return checked([&] {
+    LinearLossOptions options;
+    options.softcap = softcap;
+    options.chunk_rows = chunk_rows;
+    LinearLossGrads grads;
+    grads.hidden = grad_hidden;
+    grads.weight = grad_weight;
+    LinearLossWithGrad out = shifted_cp_linear_loss_with_grad(
+        hidden, weight, labels, valid, mesh_for(group_name, hidden.device()), options, grads);
+    auto or_empty = [](const at::Tensor& g, const at::Tensor& like) {
+      return g.defined() ? g : like.new_empty({0});
+    };
+    return std::make_tuple(out.loss, or_empty(out.grad_hidden, hidden),
+                           or_empty(out.grad_weight, weight));
   });
 }
 
@@ -180,6 +203,10 @@ TORCH_LIBRARY(cpkit, m) {
       "shifted_cp_loss(Tensor logits, Tensor labels, Tensor valid, str group_name, float softcap) "
       "-> (Tensor, Tensor)");
   m.def(
+      "shifted_cp_linear_loss(Tensor hidden, Tensor weight, Tensor labels, Tensor valid, "
+      "str group_name, float softcap, int chunk_rows, bool grad_hidden, bool grad_weight) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def(
       "shard(Tensor? input_ids, Tensor? inputs_embeds, Tensor labels, Tensor? position_ids, "
       "Tensor? attention_mask, Tensor? seq_lens, Tensor? seq_lens_padded, str qkv_format, "
       "int cp_size, int rank, int num_chunks, bool shard_primary, int pad_multiple, "
@@ -201,15 +228,16 @@ TORCH_LIBRARY(cpkit, m) {
 }
 
 // The library's functions take CPU and CUDA tensors alike and pick their kernels themselves.
-#define CPKIT_REGISTER_KERNELS(KEY)                             \
-  TORCH_LIBRARY_IMPL(cpkit, KEY, m) {                           \
-    m.impl("gather_tokens", &gather_tokens_op);                 \
-    m.impl("reduce_scatter_tokens", &reduce_scatter_tokens_op); \
-    m.impl("shifted_cp_loss", &shifted_cp_loss_op);             \
-    m.impl("shard", &shard_op);                                 \
-    m.impl("attention_offsets", &attention_offsets_op);         \
-    m.impl("cut_spliced", &cut_spliced_op);                     \
-    m.impl("cut_spliced_backward", &cut_spliced_backward_op);   \
+#define CPKIT_REGISTER_KERNELS(KEY)                               \
+  TORCH_LIBRARY_IMPL(cpkit, KEY, m) {                             \
+    m.impl("gather_tokens", &gather_tokens_op);                   \
+    m.impl("reduce_scatter_tokens", &reduce_scatter_tokens_op);   \
+    m.impl("shifted_cp_loss", &shifted_cp_loss_op);               \
+    m.impl("shifted_cp_linear_loss", &shifted_cp_linear_loss_op); \
+    m.impl("shard", &shard_op);                                   \
+    m.impl("attention_offsets", &attention_offsets_op);           \
+    m.impl("cut_spliced", &cut_spliced_op);                       \
+    m.impl("cut_spliced_backward", &cut_spliced_backward_op);     \
   }
 CPKIT_REGISTER_KERNELS(CPU)
 CPKIT_REGISTER_KERNELS(CUDA)

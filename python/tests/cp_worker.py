@@ -74,6 +74,48 @@ def check_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab: int, 
                                    rtol=1e-4, atol=1e-7)
 
 
+def check_linear_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab: int, seed: int,
+                      softcap: float = 0.0, chunk_rows: int = 0) -> None:
+    """The fused LM head against plain PyTorch: the head's matmul, then the loss on the whole
+    microbatch; d weight summed over ranks (as FSDP's reduce does) / CP = the truth's."""
+    prepare = cpkit.prepare_packed_cp_inputs if packed else cpkit.prepare_cp_inputs
+    chunks = batch["labels"].shape[0] if packed else 1
+    sharder = prepare(batch, chunks, mesh=mesh)
+    whole = prepare(batch, chunks, mesh=None)
+    hidden_size = 12
+    weight = torch.randn(vocab, hidden_size, generator=torch.Generator().manual_seed(seed)) * 0.8
+    for m in range(sharder.num_microbatches):
+        layout = sharder.layout(m)
+        local = sharder.local(m)
+        rows = local["labels"].shape[0]
+        generator = torch.Generator().manual_seed(seed + 100 + m)
+        global_hidden = torch.randn(rows, layout["padded_len"], hidden_size, generator=generator)
+        hidden = global_hidden[:, layout["begin"]:layout["end"]].clone().requires_grad_(True)
+        w = weight.clone().requires_grad_(True)
+        loss = cpkit.shifted_cp_linear_loss(hidden, w, local["labels"], local["valid"], mesh,
+                                            softcap=softcap, chunk_rows=chunk_rows)
+        loss.backward()
+        full = whole.local(m)
+        truth_hidden = global_hidden[:, :layout["seq_len"]].clone().requires_grad_(True)
+        truth_w = weight.clone().requires_grad_(True)
+        logits = truth_hidden @ truth_w.T
+        capped = softcap * torch.tanh(logits / softcap) if softcap > 0 else logits
+        labels = full["labels"].clone()
+        labels[~full["valid"].view_as(labels)] = IGNORE
+        truth = single_device_loss(capped, labels)
+        truth.backward()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        torch.testing.assert_close(mean / cp, truth.detach(), rtol=1e-5, atol=1e-6)
+        dweight = w.grad.clone()
+        dist.all_reduce(dweight)
+        torch.testing.assert_close(dweight / cp, truth_w.grad, rtol=1e-4, atol=1e-6)
+        expected = torch.zeros(rows, layout["padded_len"], hidden_size)
+        expected[:, :layout["seq_len"]] = truth_hidden.grad
+        torch.testing.assert_close(hidden.grad / cp, expected[:, layout["begin"]:layout["end"]],
+                                   rtol=1e-4, atol=1e-6)
+
+
 def check_gather(mesh, rank: int, cp: int) -> None:
     value = (torch.arange(6, dtype=torch.float32).view(3, 2) + 10 * rank).requires_grad_(True)
     gathered = cpkit.gather_tokens(value, mesh, differentiable=True)
@@ -175,6 +217,8 @@ def main() -> None:
     check_loss(packed, True, mesh, rank, cp, vocab, seed=13)
     # N == 0: every label ignored; the loss and its gradient are exactly 0, never NaN.
     check_loss({**bshd, "labels": torch.full((2, 19), IGNORE)}, False, mesh, rank, cp, vocab, seed=14)
+    check_linear_loss(bshd, False, mesh, rank, cp, vocab, seed=15, chunk_rows=3)
+    check_linear_loss(packed, True, mesh, rank, cp, vocab, seed=16, softcap=4.0)
     check_errors(mesh, rank, cp)
     if os.environ.get("CPKIT_COMPILE") == "1":
         check_compile(mesh, rank, cp)

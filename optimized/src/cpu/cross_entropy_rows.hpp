@@ -101,9 +101,11 @@ void rows(const CrossEntropyArgs& a, float scale, std::int64_t begin, std::int64
       a.row_loss[row] = 0.0f;
       continue;
     }
+    // Read before staging: g may be z itself (an in-place call).
+    const float target_z = z[target];
     const OnlineSoftmax stats = stage_row<kCapped>(z, a.vocab, a.softcap, g, block_max.data());
     // Before finish_row overwrites the staged tanh: the target's capped logit for the loss.
-    const float target_c = kCapped ? a.softcap * g[target] : z[target];
+    const float target_c = kCapped ? a.softcap * g[target] : target_z;
     finish_row<kCapped>(a.vocab, target, stats, a.softcap, scale, block_max.data(), g);
     a.row_loss[row] = cross_entropy_value(target_c, stats);
   }

@@ -33,6 +33,8 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(CrossEntropyArg
     if (threadIdx.x == 0) a.row_loss[row] = 0.0f;
     return;
   }
+  // Read before the gradient pass: g may be z itself (an in-place call).
+  const float target_z = threadIdx.x == 0 ? z[target] : 0.0f;
   OnlineSoftmax s = online_empty();
   if (vectorised) {
     const float4* z4 = reinterpret_cast<const float4*>(z);
@@ -80,7 +82,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(CrossEntropyArg
     for (std::int64_t i = threadIdx.x; i < a.vocab; i += kThreads)
       g[i] = cross_entropy_grad(z[i], i == target, row_max, ls, a.softcap, scale);
   }
-  if (threadIdx.x == 0) a.row_loss[row] = cross_entropy_value(capped(z[target], a.softcap), stats);
+  if (threadIdx.x == 0) a.row_loss[row] = cross_entropy_value(capped(target_z, a.softcap), stats);
 }
 
 }  // namespace

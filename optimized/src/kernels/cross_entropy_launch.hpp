@@ -15,7 +15,7 @@ struct CrossEntropyArgs {
   int cp;                     // CP size
   const std::int64_t* count;  // N, the global target count, on the kernel's device; the
                               // kernel forms CP / N itself (no host synchronisation)
-  float* grad;                // [rows, vocab]
+  float* grad;                // [rows, vocab]; may be `logits` itself (computed in place)
   float* row_loss;            // [rows], unscaled CE, 0 where no target
   float* scale;               // [1]: the loss_scale(cp, N) the gradient carries
 };

@@ -8,6 +8,7 @@
 #include "cpkit/optimized/gather.hpp"
 #include "cpkit/optimized/host_cache.hpp"
 #include "cpkit/optimized/launch.hpp"
+#include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/offsets.hpp"
 #include "cpkit/optimized/process_group.hpp"

@@ -5,6 +5,7 @@
 #include "cpkit/reference/batch.hpp"
 #include "cpkit/reference/error.hpp"
 #include "cpkit/reference/gather.hpp"
+#include "cpkit/reference/linear_loss.hpp"
 #include "cpkit/reference/loss.hpp"
 #include "cpkit/reference/offsets.hpp"
 #include "cpkit/reference/sharder.hpp"

@@ -1,0 +1,161 @@
+// shifted_cp_linear_loss: targets and count once, then per chunk of token rows: logits =
+// hidden @ weight^T into one reused fp32 buffer, the fused kernel turns them into their
+// gradient in place, and two matmuls fold that gradient into d hidden and d weight.
+#include "cpkit/optimized/linear_loss.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+
+#include "loss_kernel.hpp"
+#include "loss_targets.hpp"
+#include "tensor_checks.hpp"
+
+namespace cpkit {
+
+namespace {
+
+constexpr int64_t kCpuChunkBytes = int64_t{128} << 20;
+constexpr int64_t kCudaChunkBytes = int64_t{1} << 30;
+constexpr int64_t kChunkRowMultiple = 64;  // whole tiles for the matmuls
+
+void check_linear_inputs(const at::Tensor& hidden, const at::Tensor& weight,
+                         const LinearLossOptions& options) {
+  if (options.chunk_rows < 0)
+    raise("chunk_rows", "must be >= 0 (0: the default), got ", options.chunk_rows);
+  detail::require_defined(hidden, "hidden");
+  detail::require_defined(weight, "weight");
+  detail::require_dim(hidden, 3, "hidden");
+  detail::require_dim(weight, 2, "weight");
+  if (hidden.scalar_type() != at::kFloat && hidden.scalar_type() != at::kBFloat16)
+    raise("hidden", "must be float32 or bfloat16, got ", hidden.scalar_type());
+  if (weight.scalar_type() != hidden.scalar_type())
+    raise("weight", "dtype ", weight.scalar_type(), " differs from hidden's ",
+          hidden.scalar_type());
+  if (weight.device() != hidden.device())
+    raise("weight", "is on ", weight.device(), " but hidden is on ", hidden.device());
+  if (hidden.size(0) == 0 || hidden.size(1) == 0)
+    raise("hidden", "empty batch: shape ", detail::shape_of(hidden));
+  if (hidden.size(2) == 0) raise("hidden", "has no features: shape ", detail::shape_of(hidden));
+  if (weight.size(1) != hidden.size(2))
+    raise("weight", "must be [V, H] with H = ", hidden.size(2), " (hidden's last dimension), got ",
+          detail::shape_of(weight));
+  if (weight.size(0) < 2) raise("weight", "vocabulary size must be >= 2, got ", weight.size(0));
+}
+
+int64_t chunk_rows_of(const LinearLossOptions& options, int64_t vocab, int64_t rows, bool cuda) {
+  return options.chunk_rows > 0 ? std::min(options.chunk_rows, rows)
+                                : default_linear_loss_chunk_rows(vocab, rows, cuda);
+}
+
+LinearLossWithGrad fused_linear_loss(const at::Tensor& hidden, const at::Tensor& weight,
+                                     const detail::Targets& t, int64_t cp,
+                                     const LinearLossOptions& options, LinearLossGrads want) {
+  const int64_t H = hidden.size(2), V = weight.size(0), rows = t.targets.numel();
+  const bool fp32 = hidden.scalar_type() == at::kFloat;
+  const at::Tensor h_all = hidden.reshape({rows, H});
+  const at::Tensor w_t = weight.t();
+  const at::Tensor targets = t.targets.reshape({rows});
+  const auto f32 = hidden.options().dtype(at::kFloat);
+  const int64_t chunk = chunk_rows_of(options, V, rows, hidden.is_cuda());
+  at::Tensor logits_buffer = at::empty({chunk, V}, f32);
+  at::Tensor row_loss = at::empty({rows}, f32);
+  at::Tensor scale = at::empty({1}, f32);
+  at::Tensor grad_hidden = want.hidden ? at::empty({rows, H}, hidden.options()) : at::Tensor();
+  // fp32 accumulator whatever the weight's dtype: bf16 would round once per chunk.
+  at::Tensor grad_weight = want.weight ? at::zeros({V, H}, f32) : at::Tensor();
+  for (int64_t begin = 0; begin < rows; begin += chunk) {
+    const int64_t n = std::min(chunk, rows - begin);
+    const at::Tensor h = h_all.narrow(0, begin, n);
+    at::Tensor z = logits_buffer.narrow(0, 0, n);
+    if (fp32)
+      at::mm_out(z, h, w_t);
+    else
+      z.copy_(at::mm(h, w_t));  // the bf16 head's logits, then fp32 (HF's logits.float())
+    detail::cross_entropy_rows(z, targets.narrow(0, begin, n), t.count, cp, options.softcap, z,
+                               row_loss.narrow(0, begin, n), scale);
+    // z now holds d loss / d logits of these rows.
+    if (want.hidden) {
+      at::Tensor out = grad_hidden.narrow(0, begin, n);
+      if (fp32)
+        at::mm_out(out, z, weight);
+      else
+        out.copy_(at::mm(z.to(weight.scalar_type()), weight));
+    }
+    if (want.weight) grad_weight.addmm_(z.t(), fp32 ? h : h.to(at::kFloat));
+  }
+  LinearLossWithGrad out;
+  out.loss = detail::scaled_loss(row_loss, scale);
+  if (want.hidden) out.grad_hidden = grad_hidden.view(hidden.sizes());
+  if (want.weight) out.grad_weight = fp32 ? grad_weight : grad_weight.to(weight.scalar_type());
+  return out;
+}
+
+class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
+                            const at::Tensor& weight, const at::Tensor& targets,
+                            const at::Tensor& count, int64_t cp, double softcap, int64_t chunk_rows,
+                            bool grad_hidden, bool grad_weight) {
+    LinearLossOptions options;
+    options.softcap = softcap;
+    options.chunk_rows = chunk_rows;
+    LinearLossGrads want;
+    want.hidden = grad_hidden;
+    want.weight = grad_weight;
+    LinearLossWithGrad out = fused_linear_loss(hidden, weight, {targets, count}, cp, options, want);
+    ctx->save_for_backward({out.grad_hidden, out.grad_weight});
+    return out.loss;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto scaled = [&](const at::Tensor& g) {
+      return g.defined() ? detail::times_upstream(g, grads[0]) : at::Tensor();
+    };
+    return {scaled(saved[0]), scaled(saved[1]), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(),     at::Tensor(),     at::Tensor(), at::Tensor()};
+  }
+};
+
+detail::Targets prepare_linear(const at::Tensor& hidden, const at::Tensor& weight,
+                               const at::Tensor& labels, const at::Tensor& valid,
+                               const MeshPtr& mesh, const LinearLossOptions& options) {
+  check_linear_inputs(hidden, weight, options);
+  return detail::prepare_targets(labels, valid, hidden, "hidden", weight.size(0), mesh);
+}
+
+}  // namespace
+
+int64_t default_linear_loss_chunk_rows(int64_t vocab, int64_t rows, bool cuda) {
+  const int64_t budget = cuda ? kCudaChunkBytes : kCpuChunkBytes;
+  int64_t chunk = std::max<int64_t>(1, budget / (vocab * static_cast<int64_t>(sizeof(float))));
+  if (chunk >= kChunkRowMultiple) chunk -= chunk % kChunkRowMultiple;
+  return std::max<int64_t>(1, std::min(chunk, rows));
+}
+
+at::Tensor shifted_cp_linear_loss(const at::Tensor& hidden, const at::Tensor& weight,
+                                  const at::Tensor& labels, const at::Tensor& valid,
+                                  const MeshPtr& mesh, const LinearLossOptions& options) {
+  const detail::Targets t = prepare_linear(hidden, weight, labels, valid, mesh, options);
+  // Only the gradients autograd will ask for: a frozen head costs no d weight matmul.
+  const bool grad_on = at::GradMode::is_enabled();
+  return LinearCrossEntropy::apply(
+      hidden, weight, t.targets, t.count, int64_t{cp_size(mesh)}, options.softcap,
+      options.chunk_rows, grad_on && hidden.requires_grad(), grad_on && weight.requires_grad());
+}
+
+LinearLossWithGrad shifted_cp_linear_loss_with_grad(const at::Tensor& hidden,
+                                                    const at::Tensor& weight,
+                                                    const at::Tensor& labels,
+                                                    const at::Tensor& valid, const MeshPtr& mesh,
+                                                    const LinearLossOptions& options,
+                                                    LinearLossGrads grads) {
+  const detail::Targets t = prepare_linear(hidden, weight, labels, valid, mesh, options);
+  const at::NoGradGuard no_grad;
+  return fused_linear_loss(hidden.detach(), weight.detach(), t, cp_size(mesh), options, grads);
+}
+
+}  // namespace cpkit

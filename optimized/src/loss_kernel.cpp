@@ -1,0 +1,49 @@
+// The fused cross-entropy kernel on LibTorch tensors, and the loss and upstream scalings.
+#include "loss_kernel.hpp"
+
+#include <ATen/ATen.h>
+
+#include "cuda_glue.hpp"
+#include "fault_injection.hpp"
+#include "kernels/cross_entropy_launch.hpp"
+
+namespace cpkit::detail {
+
+void cross_entropy_rows(const at::Tensor& logits, const at::Tensor& targets,
+                        const at::Tensor& count, int64_t cp, double softcap, const at::Tensor& grad,
+                        const at::Tensor& row_loss, const at::Tensor& scale) {
+  kernels::CrossEntropyArgs args{};
+  args.logits = logits.data_ptr<float>();
+  args.targets = targets.data_ptr<int64_t>();
+  args.rows = targets.numel();
+  args.vocab = logits.size(-1);
+  args.softcap = static_cast<float>(softcap);
+  args.cp = static_cast<int>(cp);
+  args.count = count.data_ptr<int64_t>();
+  args.grad = grad.data_ptr<float>();
+  args.row_loss = row_loss.data_ptr<float>();
+  args.scale = scale.data_ptr<float>();
+  if (logits.is_cuda()) {
+#if CPKIT_WITH_CUDA
+    kernels::cross_entropy_cuda(args, current_stream(logits));
+#else
+    current_stream(logits);  // raises: built without the CUDA kernels
+#endif
+  } else {
+    kernels::cross_entropy_cpu(args);
+  }
+  if (fault("nan_without_targets"))  // CP / N without the N == 0 rule
+    scale.copy_(static_cast<double>(cp) / count.to(at::kDouble));
+}
+
+at::Tensor scaled_loss(const at::Tensor& row_loss, const at::Tensor& scale) {
+  return (row_loss.to(at::kDouble).sum() * scale.to(at::kDouble).squeeze(0)).to(at::kFloat);
+}
+
+at::Tensor times_upstream(const at::Tensor& grad, const at::Tensor& upstream) {
+  // Reading a CPU scalar costs no synchronisation.
+  const bool unit = !upstream.is_cuda() && upstream.numel() == 1 && upstream.item<float>() == 1.0f;
+  return unit ? grad : grad * upstream;
+}
+
+}  // namespace cpkit::detail
