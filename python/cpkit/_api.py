@@ -58,6 +58,7 @@ def shifted_cp_loss(
     return loss
 
 
+@translate
 def shifted_cp_linear_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
