@@ -27,6 +27,7 @@ IGNORE = -100
 SENTINEL = -1000
 OUT = pathlib.Path(__file__).resolve().parent / "cases"
 OFFSETS = pathlib.Path(__file__).resolve().parent / "offsets"
+LINEAR = pathlib.Path(__file__).resolve().parent / "linear"
 
 
 def padded_length(n, cp, pad_multiple):
@@ -97,10 +98,9 @@ def truth(logits, labels, softcap):
     return float(mean.detach()), x.grad, ce, count
 
 
-def make_case(name, fmt, cp, rows, S, vocab, seed, num_chunks=1, pad_multiple=1, pad_id=0,
-              docs=None, mask_zeros=(), ignore=(), positions_offset=None, positions=None,
-              softcap=0.0, logit_scale=3.0):
-    g = torch.Generator().manual_seed(seed)
+def layout_case(fmt, cp, rows, S, vocab, g, num_chunks=1, pad_multiple=1, pad_id=0, docs=None,
+                mask_zeros=(), ignore=(), positions_offset=None, positions=None):
+    """Inputs of a random batch and the global streams of each microbatch (plain Python)."""
     ids = torch.randint(1, vocab, (rows, S), generator=g).tolist()
     labels = torch.randint(0, vocab, (rows, S), generator=g).tolist()
     for (b, t) in ignore:
@@ -126,12 +126,9 @@ def make_case(name, fmt, cp, rows, S, vocab, seed, num_chunks=1, pad_multiple=1,
         slots = [[l + e for l, e in d] + [SENTINEL] * (width - len(d)) for d in docs]
         inputs["seq_lens"] = lens
         inputs["seq_lens_padded"] = slots
-
     s_pad = padded_length(S, cp, pad_multiple)
-    L = s_pad // cp
     per_mb = rows // num_chunks if fmt == "bshd" else 1
     microbatches = []
-    logits_all = torch.randn(rows, s_pad, vocab, generator=g) * logit_scale
     for m in range(num_chunks):
         row_ids = list(range(m * per_mb, (m + 1) * per_mb))
         streams = []
@@ -140,25 +137,47 @@ def make_case(name, fmt, cp, rows, S, vocab, seed, num_chunks=1, pad_multiple=1,
                 streams.append(bshd_streams(ids[b], labels[b], positions[b], mask[b] if mask else None, s_pad, pad_id))
             else:
                 streams.append(thd_streams(ids[b], labels[b], lens[b], slots[b], s_pad, pad_id))
-        logits = logits_all[row_ids]
         # HF labels on the unpadded rows: -100 wherever the layout says "not a target".
         hf_labels = torch.tensor([[st["labels"][t] if st["valid"][t] else IGNORE for t in range(S)] for st in streams])
+        microbatches.append((row_ids, streams, hf_labels))
+    return inputs, s_pad, microbatches
+
+
+def rank_loss(ce, hf_labels, begin, end, S, cp, count):
+    """loss_r: the CE of rank r's counted targets (positions [begin, end)) times CP / N."""
+    local_sum = 0.0
+    for bi in range(hf_labels.shape[0]):
+        for j in range(begin, end):
+            if j + 1 < S and hf_labels[bi, j + 1] != IGNORE:
+                local_sum += float(ce[bi, j])
+    return local_sum * cp / count if count else 0.0
+
+
+def rounded(t):
+    return [float(f"{v:.9g}") for v in t] if t.dim() == 1 else [rounded(x) for x in t]
+
+
+def make_case(name, fmt, cp, rows, S, vocab, seed, num_chunks=1, pad_multiple=1, pad_id=0,
+              docs=None, mask_zeros=(), ignore=(), positions_offset=None, positions=None,
+              softcap=0.0, logit_scale=3.0):
+    g = torch.Generator().manual_seed(seed)
+    inputs, s_pad, layout = layout_case(fmt, cp, rows, S, vocab, g, num_chunks, pad_multiple, pad_id,
+                                        docs, mask_zeros, ignore, positions_offset, positions)
+    L = s_pad // cp
+    microbatches = []
+    logits_all = torch.randn(rows, s_pad, vocab, generator=g) * logit_scale
+    for row_ids, streams, hf_labels in layout:
+        logits = logits_all[row_ids]
         mean, grad, ce, count = truth(logits[:, :S, :], hf_labels, softcap)
         ranks = []
         for r in range(cp):
             begin, end = r * L, (r + 1) * L
-            local_sum = 0.0
-            for bi in range(len(row_ids)):
-                for j in range(begin, end):
-                    target = j + 1
-                    if target < S and hf_labels[bi, target] != IGNORE:
-                        local_sum += float(ce[bi, j])
             g_local = torch.zeros(len(row_ids), L, vocab)
             lo, hi = begin, min(end, S)
             if hi > lo:
                 g_local[:, : hi - lo, :] = grad[:, lo:hi, :] * cp
             entry = {"rank": r, "begin": begin, "end": end,
-                     "loss": local_sum * cp / count if count else 0.0,
+                     "loss": rank_loss(ce, hf_labels, begin, end, S, cp, count),
                      "grad": [[[round(float(v), 9) for v in tok] for tok in row] for row in g_local.tolist()]}
             for key in ("input_ids", "labels", "position_ids", "document_ids", "padding", "valid"):
                 entry[key] = [st[key][begin:end] for st in streams]
@@ -173,6 +192,48 @@ def make_case(name, fmt, cp, rows, S, vocab, seed, num_chunks=1, pad_multiple=1,
             "oracle": "torch.nn.functional.cross_entropy" + (" + transformers ForCausalLMLoss" if ForCausalLMLoss else ""),
             "inputs": inputs, "microbatches": microbatches}
     (OUT / f"{name}.json").write_text(json.dumps(case, indent=1) + "\n")
+    return case
+
+
+def make_linear_case(name, fmt, cp, rows, S, vocab, hidden_size, seed, docs=None, ignore=(),
+                     softcap=0.0, head_scale=2.0):
+    """shifted_cp_linear_loss (docs/spec.md section 5a): hidden [rows, S_pad, H] through the
+    head weight [V, H], then the shifted loss. Each rank's expected gradients are PyTorch
+    autograd of that rank's own loss term, loss_r = CP / N * (CE over its targets), on the
+    unsharded batch: d hidden at its positions and its d weight."""
+    g = torch.Generator().manual_seed(seed)
+    inputs, s_pad, layout = layout_case(fmt, cp, rows, S, vocab, g, docs=docs, ignore=ignore)
+    L = s_pad // cp
+    hidden_all = torch.randn(rows, s_pad, hidden_size, generator=g)
+    weight = torch.randn(vocab, hidden_size, generator=g) * (head_scale / math.sqrt(hidden_size))
+    microbatches = []
+    for row_ids, streams, hf_labels in layout:
+        x = hidden_all[row_ids][:, :S].clone().requires_grad_(True)
+        w = weight.clone().requires_grad_(True)
+        z = x @ w.T
+        z = softcap * torch.tanh(z / softcap) if softcap > 0 else z
+        per_token = F.cross_entropy(z[:, :-1].reshape(-1, vocab), hf_labels[:, 1:].reshape(-1),
+                                    ignore_index=IGNORE, reduction="none").view(len(row_ids), S - 1)
+        count = int((hf_labels[:, 1:] != IGNORE).sum())
+        ranks = []
+        for r in range(cp):
+            begin, end = r * L, (r + 1) * L
+            term = per_token[:, begin:min(end, S - 1)].sum() * (cp / count if count else 0.0)
+            dx, dw = torch.autograd.grad(term, (x, w), retain_graph=True, allow_unused=True)
+            dx = torch.zeros_like(x) if dx is None else dx
+            dw = torch.zeros_like(w) if dw is None else dw
+            local = torch.zeros(len(row_ids), L, hidden_size)
+            lo, hi = begin, min(end, S)
+            if hi > lo:
+                local[:, : hi - lo] = dx[:, lo:hi]
+            ranks.append({"rank": r, "loss": float(term.detach()), "dhidden": rounded(local),
+                          "dweight": rounded(dw)})
+        microbatches.append({"rows": row_ids, "hidden": rounded(hidden_all[row_ids]), "ranks": ranks})
+    case = {"name": name, "format": fmt, "cp": cp, "num_chunks": 1, "pad_multiple": 1,
+            "pad_token_id": 0, "vocab": vocab, "hidden_size": hidden_size, "softcap": softcap,
+            "oracle": "torch matmul + torch.nn.functional.cross_entropy, autograd per rank term",
+            "inputs": inputs, "weight": rounded(weight), "microbatches": microbatches}
+    (LINEAR / f"{name}.json").write_text(json.dumps(case, indent=1) + "\n")
     return case
 
 
@@ -276,6 +337,14 @@ def main():
                       lens=[[0, 2, 0, 3, SENTINEL]], slots=[[1, 2, 0, 4, SENTINEL]])
     make_offsets_case("bshd_cp2_left_right_padding", "bshd", cp=2, S=7, rows=2,
                       masks=[[0, 0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1]])
+    # The LM head fused into the loss (docs/spec.md section 5a).
+    LINEAR.mkdir(exist_ok=True)
+    make_linear_case("linear_bshd_cp2", "bshd", cp=2, rows=2, S=7, vocab=11, hidden_size=6, seed=30,
+                     ignore=[(1, 2)])
+    make_linear_case("linear_thd_cp3_softcap", "thd", cp=3, rows=1, S=11, vocab=9, hidden_size=5,
+                     seed=31, docs=[[(4, 1), (5, 1)]], softcap=2.0, head_scale=6.0)
+    make_linear_case("linear_bshd_cp4_short", "bshd", cp=4, rows=1, S=3, vocab=7, hidden_size=4,
+                     seed=32)
     print(f"wrote {len(list(OUT.glob('*.json')))} cases to {OUT}")
 
 

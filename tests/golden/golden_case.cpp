@@ -63,6 +63,39 @@ GoldenCase load_golden_case(const std::string& name) {
   return c;
 }
 
+LinearCase load_linear_case(const std::string& name) {
+  std::ifstream in(std::string(CPKIT_GOLDEN_LINEAR_DIR) + "/" + name + ".json");
+  if (!in) throw std::runtime_error("golden linear case " + name + " not found");
+  const Json j = Json::parse(in);
+  LinearCase c;
+  c.batch.name = j.at("name");
+  c.batch.format = j.at("format");
+  c.batch.cp = j.at("cp");
+  c.batch.num_chunks = j.at("num_chunks");
+  c.batch.pad_multiple = j.at("pad_multiple");
+  c.batch.pad_token_id = j.at("pad_token_id");
+  c.batch.softcap = j.at("softcap");
+  c.batch.vocab = j.at("vocab");
+  c.batch.inputs = j.at("inputs");
+  c.hidden_size = j.at("hidden_size");
+  c.weight = j.at("weight").get<Floats2>();
+  for (const Json& m : j.at("microbatches")) {
+    LinearMicrobatch mb;
+    mb.rows = m.at("rows").get<std::vector<int>>();
+    mb.hidden = m.at("hidden").get<Floats3>();
+    for (const Json& r : m.at("ranks")) {
+      LinearRank e;
+      e.rank = r.at("rank");
+      e.loss = r.at("loss");
+      e.dhidden = r.at("dhidden").get<Floats3>();
+      e.dweight = r.at("dweight").get<Floats2>();
+      mb.ranks.push_back(e);
+    }
+    c.microbatches.push_back(mb);
+  }
+  return c;
+}
+
 OffsetsCase load_offsets_case(const std::string& name) {
   std::ifstream in(std::string(CPKIT_GOLDEN_OFFSETS_DIR) + "/" + name + ".json");
   if (!in) throw std::runtime_error("golden offsets case " + name + " not found");

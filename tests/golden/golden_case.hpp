@@ -56,6 +56,30 @@ struct OffsetsCase {
 };
 OffsetsCase load_offsets_case(const std::string& name);
 
+// golden/linear: the LM head fused into the loss. `batch` carries the layout fields and
+// inputs (its microbatches stay empty); each rank's expected values are autograd of its own
+// loss term on the unsharded batch.
+using Floats2 = std::vector<std::vector<float>>;
+using Floats3 = std::vector<Floats2>;
+struct LinearRank {
+  int rank = 0;
+  double loss = 0;
+  Floats3 dhidden;  // [rows][L][H]
+  Floats2 dweight;  // [V][H]
+};
+struct LinearMicrobatch {
+  std::vector<int> rows;
+  Floats3 hidden;  // [rows][S_pad][H]
+  std::vector<LinearRank> ranks;
+};
+struct LinearCase {
+  GoldenCase batch;
+  int hidden_size = 1;
+  Floats2 weight;  // [V][H]
+  std::vector<LinearMicrobatch> microbatches;
+};
+LinearCase load_linear_case(const std::string& name);
+
 // FP32 oracle vs cpkit: losses and gradients within these.
 inline constexpr double kGoldenLossRtol = 1e-5;
 inline constexpr double kGoldenGradAtol = 1e-6;

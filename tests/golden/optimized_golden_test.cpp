@@ -8,6 +8,7 @@
 
 #include "closeness.hpp"
 
+#include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/sharder.hpp"
 #include "golden_case.hpp"
@@ -150,6 +151,81 @@ TEST_P(OptimizedOffsetsGolden, ReproducesTheHandCheckedOffsets) {
 
 INSTANTIATE_TEST_SUITE_P(Offsets, OptimizedOffsetsGolden,
                          ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_OFFSETS_DIR)));
+
+}  // namespace
+}  // namespace cpkit::golden
+
+namespace cpkit::golden {
+namespace {
+
+at::Tensor floats(const Floats2& rows) {
+  std::vector<float> flat;
+  for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  return at::tensor(flat).view({static_cast<int64_t>(rows.size()), -1});
+}
+
+// What differs first between `got` and the oracle's `expected` (same element count), or "".
+std::string first_difference(const at::Tensor& got, const at::Tensor& expected,
+                             const std::string& what) {
+  const at::Tensor a = got.to(at::kDouble).contiguous().flatten();
+  const at::Tensor e = expected.to(at::kDouble).contiguous().flatten();
+  if (a.numel() != e.numel())
+    return what + ": " + std::to_string(a.numel()) + " elements vs " + std::to_string(e.numel()) +
+           "\n";
+  for (int64_t i = 0; i < a.numel(); ++i)
+    if (!harness::is_close(a[i].item<double>(), e[i].item<double>(), kGoldenGradAtol,
+                           kGoldenLossRtol))
+      return what + " element " + std::to_string(i) + ": " + std::to_string(a[i].item<double>()) +
+             " vs " + std::to_string(e[i].item<double>()) + "\n";
+  return "";
+}
+
+// golden/linear on real ranks, with chunks of 1, 3 and the default number of rows.
+class OptimizedLinearGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OptimizedLinearGolden, MatchesTheOracleOnRealRanks) {
+  const LinearCase c = load_linear_case(GetParam());
+  const auto outcomes = ranks::run_ranks_collect(c.batch.cp, [&c](int rank, const MeshPtr& mesh) {
+    const Sharder s = prepare(c.batch, mesh);
+    const at::Tensor weight = floats(c.weight);
+    std::string out;
+    for (int m = 0; m < s.num_microbatches(); ++m) {
+      const LocalShard l = s.local(m);
+      const LinearMicrobatch& mb = c.microbatches[m];
+      Floats2 mine;
+      for (const auto& row : mb.hidden)
+        for (std::int64_t j = l.layout.begin; j < l.layout.end; ++j) mine.push_back(row[j]);
+      const LinearRank& e = mb.ranks[rank];
+      for (const int64_t chunk : {0, 1, 3}) {
+        const at::Tensor hidden =
+            floats(mine).view({l.labels.size(0), l.layout.local_len, -1}).requires_grad_(true);
+        const at::Tensor w = weight.clone().requires_grad_(true);
+        LinearLossOptions options;
+        options.softcap = c.batch.softcap;
+        options.chunk_rows = chunk;
+        const at::Tensor loss = shifted_cp_linear_loss(hidden, w, l.labels, l.valid, mesh, options);
+        loss.backward();
+        const std::string at =
+            "microbatch " + std::to_string(m) + " chunk " + std::to_string(chunk);
+        if (!harness::is_close(loss.item<double>(), e.loss, kGoldenLossRtol, kGoldenLossRtol))
+          out += at + ": loss " + std::to_string(loss.item<double>()) + " vs " +
+                 std::to_string(e.loss) + "\n";
+        Floats2 dhidden;
+        for (const auto& row : e.dhidden) dhidden.insert(dhidden.end(), row.begin(), row.end());
+        out += first_difference(hidden.grad(), floats(dhidden), at + " d hidden");
+        out += first_difference(w.grad(), floats(e.dweight), at + " d weight");
+      }
+    }
+    return out;
+  });
+  for (const auto& o : outcomes) {
+    EXPECT_TRUE(o.ok) << "rank " << o.rank << ": " << o.message;
+    EXPECT_EQ(o.output, "") << "rank " << o.rank << ":\n" << o.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Linear, OptimizedLinearGolden,
+                         ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_LINEAR_DIR)));
 
 }  // namespace
 }  // namespace cpkit::golden

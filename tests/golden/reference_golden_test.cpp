@@ -2,6 +2,7 @@
 // within FP32 tolerance of the PyTorch oracle.
 #include <gtest/gtest.h>
 
+#include "closeness.hpp"
 #include "cpkit/reference/reference.hpp"
 #include "golden_case.hpp"
 
@@ -140,6 +141,67 @@ TEST_P(ReferenceOffsetsGolden, ReproducesTheHandCheckedOffsets) {
 
 INSTANTIATE_TEST_SUITE_P(Offsets, ReferenceOffsetsGolden,
                          ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_OFFSETS_DIR)));
+
+}  // namespace
+}  // namespace cpkit::golden
+
+namespace cpkit::golden {
+namespace {
+
+// golden/linear: the reference's head + loss against autograd of each rank's loss term.
+class ReferenceLinearGolden : public ::testing::TestWithParam<std::string> {};
+
+ref::FloatMatrix matrix(const Floats2& rows) {
+  ref::FloatMatrix m(static_cast<Eigen::Index>(rows.size()),
+                     static_cast<Eigen::Index>(rows[0].size()));
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    for (std::size_t k = 0; k < rows[i].size(); ++k) m(i, k) = rows[i][k];
+  return m;
+}
+
+// Same shape and every element within kGoldenGradAtol + kGoldenLossRtol * |expected|.
+bool close(const ref::FloatMatrix& got, const ref::FloatMatrix& expected) {
+  if (got.rows() != expected.rows() || got.cols() != expected.cols()) return false;
+  for (Eigen::Index i = 0; i < got.size(); ++i)
+    if (!harness::is_close(got.data()[i], expected.data()[i], kGoldenGradAtol, kGoldenLossRtol))
+      return false;
+  return true;
+}
+
+TEST_P(ReferenceLinearGolden, ReproducesTheOracle) {
+  const LinearCase c = load_linear_case(GetParam());
+  const ref::Sharder s = prepare(c.batch);
+  const ref::FloatMatrix weight = matrix(c.weight);
+  for (int m = 0; m < s.num_microbatches(); ++m) {
+    const LinearMicrobatch& mb = c.microbatches[m];
+    std::vector<ref::FloatMatrix> hidden;
+    std::vector<ref::IntMatrix> labels;
+    std::vector<ref::BoolVector> valid;
+    for (const LinearRank& e : mb.ranks) {
+      const ref::LocalShard l = s.local(m, e.rank);
+      Floats2 mine;
+      for (const auto& row : mb.hidden)
+        for (Eigen::Index j = l.layout.begin; j < l.layout.end; ++j) mine.push_back(row[j]);
+      hidden.push_back(matrix(mine));
+      labels.push_back(l.labels);
+      valid.push_back(l.valid);
+    }
+    const auto losses =
+        ref::shifted_cp_linear_loss(hidden, weight, labels, valid, {c.batch.softcap});
+    for (const LinearRank& e : mb.ranks) {
+      const auto& got = losses[e.rank];
+      const std::string at = "microbatch " + std::to_string(m) + " rank " + std::to_string(e.rank);
+      EXPECT_NEAR(got.value, e.loss, kGoldenLossRtol * (1 + std::abs(e.loss))) << at;
+      Floats2 dhidden;
+      for (const auto& row : e.dhidden) dhidden.insert(dhidden.end(), row.begin(), row.end());
+      EXPECT_TRUE(close(got.grad_hidden, matrix(dhidden))) << "d hidden " << at;
+      EXPECT_TRUE(close(got.grad_weight, matrix(e.dweight))) << "d weight " << at;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Linear, ReferenceLinearGolden,
+                         ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_LINEAR_DIR)));
 
 }  // namespace
 }  // namespace cpkit::golden
