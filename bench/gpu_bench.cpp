@@ -2,6 +2,7 @@
 // of the same bytes), timed with CUDA events on PyTorch's current stream.
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -9,6 +10,7 @@
 #include <functional>
 
 #include "bench_util.hpp"
+#include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/sharder.hpp"
 
@@ -100,9 +102,87 @@ void BM_GpuShardBshd_Optimized(benchmark::State& state) {
   cpkit::bench::set_bytes(state, 2.0 * 2 * (state.range(0) / 4) * state.range(1) * 2);
 }
 
+// The LM head + loss, fwd+bwd, bf16 hidden [1, T, H] and head [V, H]: the fused op against
+// the materialised path (bf16 matmul, logits.float(), shifted_cp_loss) and the LibTorch
+// composite; peak_bytes is the caching allocator's high-water mark of allocated bytes during
+// one step above the level before it (measured, not a formula). Args: H, T, V.
+using HeadLoss = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                          const at::Tensor&)>;
+
+void run_head(benchmark::State& state, const HeadLoss& loss) {
+  const int64_t H = state.range(0), T = state.range(1), V = state.range(2);
+  at::manual_seed(0);
+  const auto bf16 = at::TensorOptions().device(kCuda).dtype(at::kBFloat16);
+  const at::Tensor hidden = at::randn({1, T, H}, bf16).requires_grad_(true);
+  const at::Tensor weight = (at::randn({V, H}, bf16) * 0.03).requires_grad_(true);
+  const at::Tensor labels =
+      at::randint(0, V, {1, T}, at::TensorOptions().dtype(at::kLong).device(kCuda));
+  const at::Tensor valid = at::ones({T}, at::TensorOptions().dtype(at::kBool).device(kCuda));
+  const auto step = [&] {
+    const auto grads =
+        torch::autograd::grad({loss(hidden, weight, labels, valid)}, {hidden, weight});
+    benchmark::DoNotOptimize(grads[1].data_ptr());
+  };
+  namespace alloc = c10::cuda::CUDACachingAllocator;
+  const auto aggregate = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  cudaDeviceSynchronize();
+  alloc::resetPeakStats(0);
+  const auto before = alloc::getDeviceStats(0).allocated_bytes[aggregate].current;
+  step();
+  cudaDeviceSynchronize();
+  const auto peak = alloc::getDeviceStats(0).allocated_bytes[aggregate].peak;
+  state.counters["peak_bytes"] = static_cast<double>(peak - before);
+  state.counters["logits_bytes"] = static_cast<double>(T * V * 4);
+  time_cuda(state, step);
+  state.counters["tflops"] =
+      benchmark::Counter(6.0 * H * T * V * static_cast<double>(state.iterations()) / 1e12,
+                         benchmark::Counter::kIsRate);
+}
+
+void BM_GpuHead_Fused(benchmark::State& state) {
+  run_head(state, [](const at::Tensor& h, const at::Tensor& w, const at::Tensor& labels,
+                     const at::Tensor& valid) {
+    return cpkit::shifted_cp_linear_loss(h, w, labels, valid, nullptr);
+  });
+}
+
+void BM_GpuHead_Materialized(benchmark::State& state) {
+  run_head(state, [](const at::Tensor& h, const at::Tensor& w, const at::Tensor& labels,
+                     const at::Tensor& valid) {
+    return cpkit::shifted_cp_loss(at::matmul(h, w.t()).to(at::kFloat), labels, valid, nullptr);
+  });
+}
+
+void BM_GpuHead_Torch(benchmark::State& state) {
+  run_head(state, [](const at::Tensor& h, const at::Tensor& w, const at::Tensor& labels,
+                     const at::Tensor&) {
+    const int64_t T = h.size(1), V = w.size(0);
+    const at::Tensor z = at::matmul(h, w.t()).to(at::kFloat).narrow(1, 0, T - 1).reshape({-1, V});
+    return at::cross_entropy_loss(z, labels.narrow(1, 1, T - 1).reshape({-1}));
+  });
+}
+
+BENCHMARK(BM_GpuHead_Fused)
+    ->Args({4096, 8192, 204800})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+BENCHMARK(BM_GpuHead_Materialized)
+    ->Args({4096, 8192, 204800})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+BENCHMARK(BM_GpuHead_Torch)
+    ->Args({4096, 8192, 204800})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+
 BENCHMARK(BM_GpuCE_Optimized)
     ->Args({16384, 131072, 0})
     ->Args({16384, 131072, 30})
+    ->Args({8192, 204800, 0})
+    ->Args({8192, 204800, 30})
     ->Args({4096, 32768, 0})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
@@ -110,12 +190,15 @@ BENCHMARK(BM_GpuCE_Optimized)
 BENCHMARK(BM_GpuCE_Torch)
     ->Args({16384, 131072, 0})
     ->Args({16384, 131072, 30})
+    ->Args({8192, 204800, 0})
+    ->Args({8192, 204800, 30})
     ->Args({4096, 32768, 0})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(10);
 BENCHMARK(BM_GpuCopy)
-    ->Arg(int64_t{8} << 30)
+    ->Arg(int64_t{8} << 30)            // 4 T V bytes of [16384, 131072] fp32 logits
+    ->Arg(int64_t{4} * 8192 * 204800)  // and of [8192, 204800]
     ->Arg(int64_t{512} << 20)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)

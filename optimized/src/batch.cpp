@@ -67,7 +67,7 @@ void check_common(const CPBatch& batch, int cp_size, int num_chunks, const PadOp
             ", H >= 1] is required");
   }
   const at::Tensor negative = (batch.labels < 0) & (batch.labels != kIgnoreLabel);
-  if (negative.any().item<bool>()) {
+  if (check_values_of(batch.labels) && negative.any().item<bool>()) {
     const auto i = negative.flatten().nonzero()[0][0].item<int64_t>();
     raise("labels", "value ", batch.labels.flatten()[i].item<int64_t>(), " at [", i / S, ", ",
           i % S, "] is negative and not the ignore label ", kIgnoreLabel);

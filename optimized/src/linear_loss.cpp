@@ -63,8 +63,9 @@ LinearLossWithGrad fused_linear_loss(const at::Tensor& hidden, const at::Tensor&
   at::Tensor row_loss = at::empty({rows}, f32);
   at::Tensor scale = at::empty({1}, f32);
   at::Tensor grad_hidden = want.hidden ? at::empty({rows, H}, hidden.options()) : at::Tensor();
-  // fp32 accumulator whatever the weight's dtype: bf16 would round once per chunk.
-  at::Tensor grad_weight = want.weight ? at::zeros({V, H}, f32) : at::Tensor();
+  // fp32 accumulator whatever the weight's dtype: bf16 would round once per chunk. The first
+  // chunk writes it (no zero fill, one pass less over [V, H]); later chunks add to it.
+  at::Tensor grad_weight = want.weight ? at::empty({V, H}, f32) : at::Tensor();
   for (int64_t begin = 0; begin < rows; begin += chunk) {
     const int64_t n = std::min(chunk, rows - begin);
     const at::Tensor h = h_all.narrow(0, begin, n);
@@ -83,7 +84,13 @@ LinearLossWithGrad fused_linear_loss(const at::Tensor& hidden, const at::Tensor&
       else
         out.copy_(at::mm(z.to(weight.scalar_type()), weight));
     }
-    if (want.weight) grad_weight.addmm_(z.t(), fp32 ? h : h.to(at::kFloat));
+    if (want.weight) {
+      const at::Tensor h32 = fp32 ? h : h.to(at::kFloat);
+      if (begin == 0)
+        at::mm_out(grad_weight, z.t(), h32);
+      else
+        grad_weight.addmm_(z.t(), h32);
+    }
   }
   LinearLossWithGrad out;
   out.loss = detail::scaled_loss(row_loss, scale);

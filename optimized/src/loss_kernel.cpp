@@ -2,6 +2,7 @@
 #include "loss_kernel.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 
 #include "cuda_glue.hpp"
 #include "fault_injection.hpp"
@@ -25,6 +26,7 @@ void cross_entropy_rows(const at::Tensor& logits, const at::Tensor& targets,
   args.scale = scale.data_ptr<float>();
   if (logits.is_cuda()) {
 #if CPKIT_WITH_CUDA
+    const c10::DeviceGuard on_device(logits.device());  // launch on the logits' GPU
     kernels::cross_entropy_cuda(args, current_stream(logits));
 #else
     current_stream(logits);  // raises: built without the CUDA kernels

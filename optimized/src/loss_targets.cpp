@@ -27,6 +27,7 @@ void check_targets_inputs(const at::Tensor& labels, const at::Tensor& valid,
   if (labels.device() != source.device() || valid.device() != source.device())
     raise("labels", source_name, ", labels and valid must share a device, got ", source.device(),
           ", ", labels.device(), ", ", valid.device());
+  if (!check_values_of(labels)) return;  // the kernels turn a stray label into NaN
   const at::Tensor outside = (labels != kIgnoreLabel) & ((labels < 0) | (labels >= vocab));
   if (outside.any().item<bool>()) {
     const auto at_index = outside.flatten().nonzero()[0][0].item<int64_t>();

@@ -36,6 +36,9 @@ inline ScalarKind scalar_kind(const at::Tensor& t, const char* argument) {
   }
 }
 
+// Whether the value checks run on `t` (cpkit/optimized/validation.hpp's switch).
+bool check_values_of(const at::Tensor& t);
+
 inline void require_defined(const at::Tensor& t, const char* argument) {
   if (!t.defined()) raise(argument, "is an undefined tensor");
 }

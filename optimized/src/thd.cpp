@@ -1,6 +1,7 @@
 // THD: seq_lens parsing, one microbatch per packed row, and a rank's streams from the
 // packed_token kernel body (shared with CUDA).
 #include <ATen/Parallel.h>
+#include <c10/core/DeviceGuard.h>
 
 #include "cpkit/optimized/error.hpp"
 #include "cuda_glue.hpp"
@@ -153,6 +154,7 @@ void packed_layout_device(const Sharder::Microbatch& mb, const Layout& l, at::De
                                  shard.document_ids.data_ptr<int64_t>(),
                                  shard.position_ids.data_ptr<int64_t>(),
                                  shard.padding.data_ptr<bool>()};
+  const c10::DeviceGuard guard(device);  // launch on the shard's GPU
   kernels::packed_layout_cuda(args, current_stream(shard.document_ids));
 }
 #endif

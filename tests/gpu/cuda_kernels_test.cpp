@@ -5,6 +5,9 @@
 
 #include <unistd.h>
 
+#include <cmath>
+
+#include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/nccl_mesh.hpp"
 #include "cpkit/optimized/sharder.hpp"
@@ -51,8 +54,59 @@ TEST_P(CudaLossTest, MatchesCpuPathAndTorch) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaLossTest,
                          ::testing::Values(LossCase{2, 33, 128, 0}, LossCase{1, 17, 1001, 0},
-                                           LossCase{3, 8, 32000, 30.0},
-                                           LossCase{1, 64, 131072, 0}));
+                                           LossCase{3, 8, 32000, 30.0}, LossCase{1, 64, 131072, 0},
+                                           // V % 4 != 0: rows start off 16-byte boundaries,
+                                           // scalar head and tail around float4s
+                                           LossCase{2, 9, 50257, 0}, LossCase{1, 5, 50257, 20.0}));
+
+// Masked vocabularies (-inf logits, whole blocks of them): finite, and equal to the CPU path.
+TEST(CudaLoss, MaskedVocabularyEqualsCpu) {
+  at::manual_seed(12);
+  at::Tensor logits = at::randn({1, 7, 4099}) * 3;
+  logits.narrow(2, 1024, 2048).fill_(-INFINITY);
+  logits.masked_fill_(at::rand({1, 7, 4099}) < 0.3, -INFINITY);
+  logits.select(2, 5).fill_(2.0f);
+  const at::Tensor labels = at::full({1, 7}, 5, at::kLong);
+  const at::Tensor valid = at::ones({7}, at::kBool);
+  for (const double softcap : {0.0, 15.0}) {
+    const at::Tensor a = logits.clone().requires_grad_(true);
+    const at::Tensor cpu = shifted_cp_loss(a, labels, valid, nullptr, {.softcap = softcap});
+    cpu.backward();
+    const at::Tensor b = logits.to(kCuda).requires_grad_(true);
+    const at::Tensor gpu =
+        shifted_cp_loss(b, labels.to(kCuda), valid.to(kCuda), nullptr, {.softcap = softcap});
+    gpu.backward();
+    ASSERT_TRUE(std::isfinite(gpu.item<float>())) << "softcap " << softcap;
+    EXPECT_NEAR(gpu.item<float>(), cpu.item<float>(), 1e-5) << "softcap " << softcap;
+    EXPECT_FALSE(b.grad().isnan().any().item<bool>()) << "softcap " << softcap;
+    EXPECT_TRUE(at::allclose(b.grad().cpu(), a.grad(), 1e-5, 1e-8)) << "softcap " << softcap;
+  }
+}
+
+// The fused head on CUDA (cuBLAS matmuls, the CUDA kernel in place) against the CPU path.
+TEST(CudaLinearLoss, EqualsCpu) {
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    at::manual_seed(13);
+    const at::Tensor hidden = at::randn({2, 37, 64}).to(dtype);
+    const at::Tensor weight = (at::randn({50257, 64}) * 0.2).to(dtype);
+    const at::Tensor labels = at::randint(0, 50257, {2, 37}, at::kLong);
+    const at::Tensor valid = at::ones({74}, at::kBool);
+    LinearLossOptions options;
+    options.chunk_rows = 24;
+    const auto cpu =
+        shifted_cp_linear_loss_with_grad(hidden, weight, labels, valid, nullptr, options);
+    const auto gpu = shifted_cp_linear_loss_with_grad(
+        hidden.to(kCuda), weight.to(kCuda), labels.to(kCuda), valid.to(kCuda), nullptr, options);
+    const double tol = dtype == at::kFloat ? 1e-4 : 3e-2;
+    EXPECT_NEAR(gpu.loss.item<float>(), cpu.loss.item<float>(), tol) << dtype;
+    EXPECT_TRUE(at::allclose(gpu.grad_hidden.cpu().to(at::kFloat), cpu.grad_hidden.to(at::kFloat),
+                             tol, tol))
+        << dtype;
+    EXPECT_TRUE(at::allclose(gpu.grad_weight.cpu().to(at::kFloat), cpu.grad_weight.to(at::kFloat),
+                             tol, tol))
+        << dtype;
+  }
+}
 
 CPBatch packed_batch(at::Device device) {
   CPBatch b;

@@ -13,6 +13,7 @@
 
 #include "kernels/cross_entropy.hpp"
 #include "kernels/cross_entropy_launch.hpp"
+#include "kernels/targets.hpp"
 
 namespace cpkit::kernels::CPKIT_ROWS_NAMESPACE {
 
@@ -43,17 +44,18 @@ inline OnlineSoftmax stage_row(const float* z, std::int64_t vocab, float softcap
 #pragma omp simd reduction(max : m)
     for (std::int64_t k = 0; k < n; ++k) m = c[k] > m ? c[k] : m;
     float sum = 0.0f;
+    const float shift = finite_shift(m);
     if constexpr (kCapped) {
 #pragma omp simd reduction(+ : sum)
-      for (std::int64_t k = 0; k < n; ++k) sum += fast_exp(c[k] - m);
+      for (std::int64_t k = 0; k < n; ++k) sum += fast_exp(c[k] - shift);
     } else {
 #pragma omp simd reduction(+ : sum)
       for (std::int64_t k = 0; k < n; ++k) {
-        s[k] = fast_exp(c[k] - m);
+        s[k] = fast_exp(c[k] - shift);
         sum += s[k];
       }
     }
-    block_max[b] = m;
+    block_max[b] = shift;
     state = online_merge(state, {m, sum});
   }
   return state;
@@ -96,9 +98,10 @@ void rows(const CrossEntropyArgs& a, float scale, std::int64_t begin, std::int64
     const float* z = a.logits + row * a.vocab;
     float* g = a.grad + row * a.vocab;
     const std::int64_t target = a.targets[row];
-    if (target == kIgnoreLabel) {
-      std::fill(g, g + a.vocab, 0.0f);
-      a.row_loss[row] = 0.0f;
+    if (target == kIgnoreLabel || !in_vocabulary(target, a.vocab)) {
+      const float value = target == kIgnoreLabel ? 0.0f : NAN;
+      std::fill(g, g + a.vocab, value);
+      a.row_loss[row] = value;
       continue;
     }
     // Read before staging: g may be z itself (an in-place call).

@@ -1,9 +1,12 @@
 // CUDA kernel of the fused shifted cross-entropy: one block per row, an online softmax over
-// float4 loads, a block-wide merge, then one more pass that writes the gradient.
+// float4 loads of the row's aligned middle (any V), a block-wide merge, then one more pass
+// that writes the gradient (in place when grad == logits).
 #include <cuda_runtime.h>
 
+#include "cuda/launch_check.hpp"
 #include "kernels/cross_entropy.hpp"
 #include "kernels/cross_entropy_launch.hpp"
+#include "kernels/targets.hpp"
 
 namespace cpkit::kernels {
 
@@ -26,29 +29,32 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(CrossEntropyArg
   const float* z = a.logits + row * a.vocab;
   float* g = a.grad + row * a.vocab;
   const std::int64_t target = a.targets[row];
-  const bool vectorised = a.vocab % 4 == 0;  // rows then stay 16-byte aligned
   if (row == 0 && threadIdx.x == 0) *a.scale = loss_scale(a.cp, *a.count);
-  if (target == kIgnoreLabel) {
-    for (std::int64_t i = threadIdx.x; i < a.vocab; i += kThreads) g[i] = 0.0f;
-    if (threadIdx.x == 0) a.row_loss[row] = 0.0f;
+  if (target == kIgnoreLabel || !in_vocabulary(target, a.vocab)) {
+    const float value = target == kIgnoreLabel ? 0.0f : NAN;
+    for (std::int64_t i = threadIdx.x; i < a.vocab; i += kThreads) g[i] = value;
+    if (threadIdx.x == 0) a.row_loss[row] = value;
     return;
   }
+  // 16-byte loads over the aligned middle of the row; the gradient is written the same way
+  // when its row has the same alignment (always for in-place calls and torch's allocations).
+  const VectorSpan span = vector_span(reinterpret_cast<std::uintptr_t>(z), a.vocab);
+  const bool same_alignment =
+      (reinterpret_cast<std::uintptr_t>(g) - reinterpret_cast<std::uintptr_t>(z)) % 16 == 0;
+  const std::int64_t tail_begin = span.head + 4 * span.quads;
+  const float4* z4 = reinterpret_cast<const float4*>(z + span.head);
   // Read before the gradient pass: g may be z itself (an in-place call).
   const float target_z = threadIdx.x == 0 ? z[target] : 0.0f;
   OnlineSoftmax s = online_empty();
-  if (vectorised) {
-    const float4* z4 = reinterpret_cast<const float4*>(z);
-    for (std::int64_t i = threadIdx.x; i < a.vocab / 4; i += kThreads) {
-      const float4 v = z4[i];
-      online_add(s, capped(v.x, a.softcap));
-      online_add(s, capped(v.y, a.softcap));
-      online_add(s, capped(v.z, a.softcap));
-      online_add(s, capped(v.w, a.softcap));
-    }
-  } else {
-    for (std::int64_t i = threadIdx.x; i < a.vocab; i += kThreads)
-      online_add(s, capped(z[i], a.softcap));
+  for (std::int64_t i = threadIdx.x; i < span.quads; i += kThreads) {
+    const float4 v = z4[i];
+    online_add(s, capped(v.x, a.softcap));
+    online_add(s, capped(v.y, a.softcap));
+    online_add(s, capped(v.z, a.softcap));
+    online_add(s, capped(v.w, a.softcap));
   }
+  for (std::int64_t i = threadIdx.x; i < span.head + span.tail; i += kThreads)
+    online_add(s, capped(z[i < span.head ? i : tail_begin + i - span.head], a.softcap));
   __shared__ float maxes[kWarps], sums[kWarps];
   __shared__ OnlineSoftmax row_stats;
   s = warp_merge(s);
@@ -67,20 +73,23 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(CrossEntropyArg
   const OnlineSoftmax stats = row_stats;
   const float row_max = stats.max, ls = log_sum(stats);
   const float scale = loss_scale(a.cp, *a.count);
-  if (vectorised) {
-    const float4* z4 = reinterpret_cast<const float4*>(z);
-    float4* g4 = reinterpret_cast<float4*>(g);
-    for (std::int64_t i = threadIdx.x; i < a.vocab / 4; i += kThreads) {
+  auto grad_at = [&](float v, std::int64_t k) {
+    return cross_entropy_grad(v, k == target, row_max, ls, a.softcap, scale);
+  };
+  if (same_alignment) {
+    float4* g4 = reinterpret_cast<float4*>(g + span.head);
+    for (std::int64_t i = threadIdx.x; i < span.quads; i += kThreads) {
       const float4 v = z4[i];
-      const std::int64_t k = 4 * i;
-      g4[i] = make_float4(cross_entropy_grad(v.x, k == target, row_max, ls, a.softcap, scale),
-                          cross_entropy_grad(v.y, k + 1 == target, row_max, ls, a.softcap, scale),
-                          cross_entropy_grad(v.z, k + 2 == target, row_max, ls, a.softcap, scale),
-                          cross_entropy_grad(v.w, k + 3 == target, row_max, ls, a.softcap, scale));
+      const std::int64_t k = span.head + 4 * i;
+      g4[i] = make_float4(grad_at(v.x, k), grad_at(v.y, k + 1), grad_at(v.z, k + 2),
+                          grad_at(v.w, k + 3));
+    }
+    for (std::int64_t i = threadIdx.x; i < span.head + span.tail; i += kThreads) {
+      const std::int64_t k = i < span.head ? i : tail_begin + i - span.head;
+      g[k] = grad_at(z[k], k);
     }
   } else {
-    for (std::int64_t i = threadIdx.x; i < a.vocab; i += kThreads)
-      g[i] = cross_entropy_grad(z[i], i == target, row_max, ls, a.softcap, scale);
+    for (std::int64_t k = threadIdx.x; k < a.vocab; k += kThreads) g[k] = grad_at(z[k], k);
   }
   if (threadIdx.x == 0) a.row_loss[row] = cross_entropy_value(capped(target_z, a.softcap), stats);
 }
@@ -91,6 +100,7 @@ void cross_entropy_cuda(const CrossEntropyArgs& args, void* stream) {
   if (args.rows == 0) return;
   cross_entropy_kernel<<<static_cast<unsigned>(args.rows), kThreads, 0,
                          static_cast<cudaStream_t>(stream)>>>(args);
+  check_launch("cross_entropy_kernel");
 }
 
 }  // namespace cpkit::kernels

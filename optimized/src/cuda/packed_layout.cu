@@ -2,6 +2,7 @@
 // packed_token body as the CPU loop.
 #include <cuda_runtime.h>
 
+#include "cuda/launch_check.hpp"
 #include "kernels/packed_layout.hpp"
 #include "kernels/packed_layout_launch.hpp"
 
@@ -25,6 +26,7 @@ void packed_layout_cuda(const PackedLayoutArgs& args, void* stream) {
   constexpr int kThreads = 256;
   const auto blocks = static_cast<unsigned>((args.count + kThreads - 1) / kThreads);
   packed_layout_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(args);
+  check_launch("packed_layout_kernel");
 }
 
 }  // namespace cpkit::kernels

@@ -17,6 +17,20 @@ CPKIT_HOST_DEVICE inline float loss_scale(int cp, std::int64_t count) {
   return count > 0 ? static_cast<float>(cp) / static_cast<float>(count) : 0.0f;
 }
 
+// A row of n floats at byte address `address` (a multiple of 4), split for 16-byte loads:
+// `head` scalars up to the first 16-byte boundary, `quads` aligned float4s, `tail` scalars.
+// Rows of any V (50257 as well as 131072) then take vector loads for all but <= 6 logits.
+struct VectorSpan {
+  std::int64_t head, quads, tail;
+};
+
+CPKIT_HOST_DEVICE inline VectorSpan vector_span(std::uintptr_t address, std::int64_t n) {
+  std::int64_t head = static_cast<std::int64_t>((16 - address % 16) % 16 / 4);
+  head = head < n ? head : n;
+  const std::int64_t quads = (n - head) / 4;
+  return {head, quads, n - head - 4 * quads};
+}
+
 // Running max and sum of exp(x - max): one read of the row gives log-sum-exp.
 struct OnlineSoftmax {
   float max;
@@ -36,10 +50,11 @@ CPKIT_HOST_DEVICE inline float bits_to_float(std::int32_t bits) {
 }
 
 // exp(x) within ~2 ulp for x in [-87, 88] (Cephes' expf): a branch-free polynomial that
-// compilers vectorise on the CPU and that costs a few FMAs on the GPU. Below -87 it returns
-// ~1e-38 rather than 0, negligible against any softmax denominator (which is >= 1).
+// compilers vectorise on the CPU and that costs a few FMAs on the GPU. Below -87 (where expf
+// leaves the normal floats) it returns exactly 0, so a masked logit (-inf) weighs nothing.
 CPKIT_HOST_DEVICE inline float fast_exp(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);  // selects, not calls: vectorisable
+  const bool underflow = x < -87.0f;
+  x = underflow ? -87.0f : (x > 88.0f ? 88.0f : x);  // selects, not calls: vectorisable
   const float n = floorf(x * 1.44269504088896341f + 0.5f);
   float r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
@@ -50,7 +65,7 @@ CPKIT_HOST_DEVICE inline float fast_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  return p * bits_to_float((static_cast<std::int32_t>(n) + 127) << 23);
+  return underflow ? 0.0f : p * bits_to_float((static_cast<std::int32_t>(n) + 127) << 23);
 }
 
 // tanh through fast_exp: 1 - 2 / (exp(2x) + 1), exact at the saturated ends.
@@ -75,9 +90,15 @@ CPKIT_HOST_DEVICE inline void online_add(OnlineSoftmax& s, float x) {
   if (x > s.max) {
     s.sum = s.sum * fast_exp(s.max - x) + 1.0f;
     s.max = x;
-  } else {
+  } else if (x != -INFINITY) {  // a masked logit adds 0; exp(-inf - -inf) would be NaN
     s.sum += fast_exp(x - s.max);
   }
+}
+
+// The shift a block of logits is exponentiated against: its max, or 0 for a block of masked
+// logits only (max -inf), so that exp(-inf - shift) is 0 and never exp(NaN).
+CPKIT_HOST_DEVICE inline float finite_shift(float block_max) {
+  return block_max == -INFINITY ? 0.0f : block_max;
 }
 
 CPKIT_HOST_DEVICE inline OnlineSoftmax online_merge(OnlineSoftmax a, OnlineSoftmax b) {

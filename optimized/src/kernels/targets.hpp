@@ -16,6 +16,12 @@ CPKIT_HOST_DEVICE inline bool is_valid_target(bool padding, std::int64_t label,
   return !padding && label != kIgnoreLabel && offset > 0;
 }
 
+// A target the kernels can read: a class of the vocabulary. Anything else that reaches a
+// kernel (value checks off) makes its row's loss and gradient NaN rather than a stray read.
+CPKIT_HOST_DEVICE inline bool in_vocabulary(std::int64_t target, std::int64_t vocab) {
+  return target >= 0 && target < vocab;
+}
+
 // Padding tokens carry the ignore label in the sharded labels.
 CPKIT_HOST_DEVICE inline std::int64_t sharded_label(bool padding, std::int64_t label) {
   return padding ? kIgnoreLabel : label;

@@ -13,3 +13,4 @@
 #include "cpkit/optimized/offsets.hpp"
 #include "cpkit/optimized/process_group.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "cpkit/optimized/validation.hpp"
