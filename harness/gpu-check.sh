@@ -36,11 +36,11 @@ if ! timeout 120 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Releas
 fi
 kernels=$(grep -o 'cpkit: CUDA kernels.*' "$out/configure.log" | head -1)
 say "configure: ok (${kernels:-no CUDA kernels line})"
-if [[ $kernels != *"ON"* ]]; then
+if [[ $kernels != *"kernels and NCCL backend ON"* ]]; then
   say "stopping: the CUDA kernels are OFF, so nothing GPU-side can be built or run ($kernels)"
   exit 1
 fi
-if ! timeout 300 cmake --build "$build" --parallel "$jobs" --target cpkit_gpu_tests cpkit-gpu-bench \
+if ! timeout 300 cmake --build "$build" --parallel "$jobs" --target cpkit_gpu_tests cpkit_gpu_cp_tests cpkit-gpu-bench \
     > "$out/build.log" 2>&1; then
   say "build: FAILED or timed out (see build.log)"; grep -m5 -B2 -A5 "error" "$out/build.log" | tee -a "$summary"; exit 1
 fi
@@ -53,6 +53,16 @@ case $rc in
   77) say "gpu tests: SKIPPED, no CUDA device here ($(head -1 "$out/gpu-tests.log"))" ;;
   124) say "gpu tests: TIMED OUT after 150 s; last lines:"; tail -5 "$out/gpu-tests.log" | tee -a "$summary"; failed+=(tests) ;;
   *) say "gpu tests: FAILED (rc $rc)"; grep -B1 -A5 "Failure\|FAILED" "$out/gpu-tests.log" | head -40 | tee -a "$summary"; failed+=(tests) ;;
+esac
+
+# CP = 2 and 4 on the one GPU (rank processes share it over a host-staged Gloo mesh).
+timeout 120 "$build/tests/gpu/cpkit_gpu_cp_tests" --gtest_output=json:"$out/gpu-cp-tests.json" > "$out/gpu-cp-tests.log" 2>&1
+crc=$?
+case $crc in
+  0) say "gpu CP 2/4 tests: passed ($(grep -c '\[       OK' "$out/gpu-cp-tests.log") tests)" ;;
+  77) say "gpu CP 2/4 tests: SKIPPED, no CUDA device" ;;
+  124) say "gpu CP 2/4 tests: TIMED OUT after 120 s"; tail -5 "$out/gpu-cp-tests.log" | tee -a "$summary"; failed+=(cp-tests) ;;
+  *) say "gpu CP 2/4 tests: FAILED (rc $crc)"; grep -B1 -A5 "Failure\|FAILED\|rank " "$out/gpu-cp-tests.log" | head -30 | tee -a "$summary"; failed+=(cp-tests) ;;
 esac
 
 # The benchmark runs whenever there is a GPU, whatever the tests said: its numbers are

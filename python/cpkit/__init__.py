@@ -23,6 +23,7 @@ from ._api import (  # noqa: E402
     group_of,
     prepare_cp_inputs,
     prepare_packed_cp_inputs,
+    set_value_checks,
     shifted_cp_linear_loss,
     shifted_cp_loss,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "group_of",
     "prepare_cp_inputs",
     "prepare_packed_cp_inputs",
+    "set_value_checks",
     "shifted_cp_linear_loss",
     "shifted_cp_loss",
 ]

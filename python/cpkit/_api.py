@@ -59,6 +59,16 @@ def shifted_cp_loss(
 
 
 @translate
+def set_value_checks(mode: str) -> None:
+    """When cpkit checks tensor *values* (labels inside the vocabulary, no ``valid`` bit on a
+    -100 label, ``attention_mask`` in {0, 1}): ``"cpu_only"`` (default; for CUDA tensors each
+    check would synchronise the stream), ``"always"`` or ``"never"``. With a check skipped, a
+    stray label makes its row's loss NaN, never an out-of-bounds read. Shapes, dtypes and
+    devices are always checked."""
+    torch.ops.cpkit.set_value_checks(mode)
+
+
+@translate
 def shifted_cp_linear_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -74,9 +84,9 @@ def shifted_cp_linear_loss(
     bfloat16, same dtype and device; ``labels`` and ``valid`` as for ``shifted_cp_loss``.
     Returns exactly ``shifted_cp_loss(softcap(hidden @ weight.T).float(), labels, valid,
     mesh)``, with gradients for ``hidden`` and ``weight`` computed in the forward, a chunk of
-    ``chunk_rows`` token rows at a time (0: as many as fit 128 MiB of fp32 logits on CPU, 1 GiB
-    on CUDA). Peak extra memory is about one chunk of logits, whatever ``L`` is. A gradient
-    is computed only for an input that requires one.
+    ``chunk_rows`` token rows at a time (0: as many as fit 256 MiB of fp32 logits and at
+    most 256 rows on CPU, 1 GiB on CUDA). Peak extra memory is about one chunk of logits,
+    whatever ``L`` is. A gradient is computed only for an input that requires one.
     """
     grad_on = torch.is_grad_enabled()
     loss, _, _ = torch.ops.cpkit.shifted_cp_linear_loss(

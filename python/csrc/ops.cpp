@@ -12,6 +12,7 @@
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/offsets.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "cpkit/optimized/validation.hpp"
 #include "mesh_registry.hpp"
 
 namespace cpkit::python {
@@ -78,6 +79,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> shifted_cp_linear_loss_op(
     };
     return std::make_tuple(out.loss, or_empty(out.grad_hidden, hidden),
                            or_empty(out.grad_weight, weight));
+  });
+}
+
+// The value-check switch by name: "cpu_only" (the default), "always" or "never".
+void set_value_checks_op(const std::string& mode) {
+  checked([&] {
+    if (mode == "cpu_only")
+      set_value_checks(ValueChecks::kCpuOnly);
+    else if (mode == "always")
+      set_value_checks(ValueChecks::kAlways);
+    else if (mode == "never")
+      set_value_checks(ValueChecks::kNever);
+    else
+      raise("mode", "must be \"cpu_only\", \"always\" or \"never\", got \"", mode, "\"");
   });
 }
 
@@ -220,6 +235,8 @@ TORCH_LIBRARY(cpkit, m) {
   // kernels report come from the library's own rule.
   m.def("shard_layout(int seq_len, int cp_size, int rank, int pad_multiple) -> int[]",
         &shard_layout_op);
+  // Process-wide: not a tensor op, called outside any traced region.
+  m.def("set_value_checks(str mode) -> ()", &set_value_checks_op);
   m.def(
       "cut_spliced(Tensor spliced, int cp_size, int rank, int pad_multiple, float fill) -> Tensor");
   m.def(

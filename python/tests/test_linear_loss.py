@@ -117,3 +117,17 @@ def test_bad_input_names_the_argument(change, argument, fragment):
     with pytest.raises(cpkit.CPError, match=argument) as error:
         cpkit.shifted_cp_linear_loss(h, w, labels, valid)
     assert fragment in str(error.value)
+
+
+def test_value_checks_switch():
+    hidden, weight, labels, valid = _case(torch.float32, seed=7)
+    labels[0, 3] = 301  # outside [0, 301)
+    with pytest.raises(cpkit.CPError, match="labels"):
+        cpkit.shifted_cp_linear_loss(hidden, weight, labels, valid)
+    try:
+        cpkit.set_value_checks("never")
+        assert torch.isnan(cpkit.shifted_cp_linear_loss(hidden, weight, labels, valid))
+    finally:
+        cpkit.set_value_checks("cpu_only")
+    with pytest.raises(cpkit.CPError, match="mode"):
+        cpkit.set_value_checks("sometimes")

@@ -101,13 +101,13 @@ TEST_P(LinearLossTest, Bfloat16EqualsTheMaterialisedPath) {
 INSTANTIATE_TEST_SUITE_P(CpSizes, LinearLossTest, ::testing::Values(1, 2, 3));
 
 TEST(LinearLossChunks, DefaultFollowsTheBudget) {
-  // 128 MiB of fp32 logits on CPU, 1 GiB on CUDA, rounded down to 64 rows.
-  EXPECT_EQ(default_linear_loss_chunk_rows(204800, 1 << 20, false), 128);  // 163 -> 128
-  EXPECT_EQ(default_linear_loss_chunk_rows(131072, 1 << 20, false), 256);
+  // 256 MiB of fp32 logits and <= 256 rows on CPU, 1 GiB on CUDA, rounded down to 64 rows.
+  EXPECT_EQ(default_linear_loss_chunk_rows(204800, 1 << 20, false), 256);       // 327 -> cap 256
+  EXPECT_EQ(default_linear_loss_chunk_rows(1 << 20, 1 << 20, false), 64);       // 64 rows fit
   EXPECT_EQ(default_linear_loss_chunk_rows(204800, 1 << 20, true), 1280);       // 1310 -> 1280
   EXPECT_EQ(default_linear_loss_chunk_rows(32000, 100, false), 100);            // never past rows
-  EXPECT_EQ(default_linear_loss_chunk_rows(int64_t{1} << 26, 100, false), 1);   // 1 row fits 0
-  EXPECT_EQ(default_linear_loss_chunk_rows(int64_t{1} << 20, 100, false), 32);  // < 64: exact
+  EXPECT_EQ(default_linear_loss_chunk_rows(int64_t{1} << 27, 100, false), 1);   // 0 rows fit
+  EXPECT_EQ(default_linear_loss_chunk_rows(int64_t{1} << 22, 100, false), 16);  // < 64: exact
 }
 
 // A frozen head (or frozen hidden states) gets no gradient, and its matmul is not done.
