@@ -244,6 +244,23 @@ void showValue(const PackedCase& c, std::ostream& os) {
      << " logit_scale=" << c.logit_scale << " seed=" << c.seed << "}";
 }
 
+RankLossInputs cut_for_ranks(const FloatMatrix& global, const reference::Sharder& s, int m) {
+  const reference::GlobalStreams& g = s.global(m);
+  const auto rows = g.labels.rows();
+  RankLossInputs out;
+  for (int r = 0; r < s.options().cp_size; ++r) {
+    const reference::LocalShard l = s.local(m, r);
+    FloatMatrix mine(rows * l.layout.local_len, global.cols());
+    for (Eigen::Index b = 0; b < rows; ++b)
+      mine.middleRows(b * l.layout.local_len, l.layout.local_len) =
+          global.middleRows(b * g.padded_len + l.layout.begin, l.layout.local_len);
+    out.values.push_back(mine);
+    out.labels.push_back(l.labels);
+    out.valid.push_back(l.valid);
+  }
+  return out;
+}
+
 std::string mismatch(const FloatMatrix& actual, const FloatMatrix& expected, double atol,
                      double rtol) {
   if (actual.rows() != expected.rows() || actual.cols() != expected.cols()) {

@@ -80,6 +80,15 @@ ShardOptions options_of(const PackedCase& c);
 // Random [rows, cols] floats, N(0, scale^2), from `seed`.
 FloatMatrix random_floats(Eigen::Index rows, Eigen::Index cols, float scale, std::uint64_t seed);
 
+// Every rank's inputs to a per-token loss of microbatch m: its columns of a global
+// [rows * S_pad, X] matrix (logits or hidden states), and its labels and valid mask.
+struct RankLossInputs {
+  std::vector<FloatMatrix> values;
+  std::vector<reference::IntMatrix> labels;
+  std::vector<reference::BoolVector> valid;
+};
+RankLossInputs cut_for_ranks(const FloatMatrix& global, const reference::Sharder& s, int m);
+
 void showValue(const BshdCase& c, std::ostream& os);
 void showValue(const PackedCase& c, std::ostream& os);
 

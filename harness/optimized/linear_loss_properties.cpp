@@ -116,20 +116,9 @@ void check_linear_loss(const Case& c, const reference::Sharder& s, const RankTas
     const reference::GlobalStreams& g = s.global(m);
     const auto rows = g.labels.rows();
     const reference::FloatMatrix global = global_hidden(c, p, rows, g.padded_len, m);
-    std::vector<reference::FloatMatrix> hidden;
-    std::vector<reference::IntMatrix> labels;
-    std::vector<reference::BoolVector> valid;
-    for (int r = 0; r < c.cp; ++r) {
-      const reference::LocalShard l = s.local(m, r);
-      reference::FloatMatrix mine(rows * l.layout.local_len, p.hidden);
-      for (Eigen::Index b = 0; b < rows; ++b)
-        mine.middleRows(b * l.layout.local_len, l.layout.local_len) =
-            global.middleRows(b * g.padded_len + l.layout.begin, l.layout.local_len);
-      hidden.push_back(mine);
-      labels.push_back(l.labels);
-      valid.push_back(l.valid);
-    }
-    const auto ref = reference::shifted_cp_linear_loss(hidden, weight, labels, valid, {p.softcap});
+    const RankLossInputs in = cut_for_ranks(global, s, m);
+    const auto ref =
+        reference::shifted_cp_linear_loss(in.values, weight, in.labels, in.valid, {p.softcap});
     // Float error of one logit (a length-H dot product), then the loss's own bounds at the
     // generator's |z| bound; a gradient row sums V (d hidden) or the rows (d weight) of them.
     const double wmax = weight.cwiseAbs().maxCoeff(), hmax = global.cwiseAbs().maxCoeff();
@@ -153,7 +142,7 @@ void check_linear_loss(const Case& c, const reference::Sharder& s, const RankTas
                      grad_err * c.vocab * wmax * up + 1e-12, 1e-4, "d hidden" + where);
       if (p.wanted != Wanted::kHidden)
         require_near(b.get(key + ".dweight"), to_tensor(ref[r].grad_weight) * p.upstream,
-                     grad_err * static_cast<double>(hidden[r].rows()) * hmax * up + 1e-12, 1e-4,
+                     grad_err * static_cast<double>(in.values[r].rows()) * hmax * up + 1e-12, 1e-4,
                      "d weight" + where);
     }
   }

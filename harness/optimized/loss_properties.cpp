@@ -95,21 +95,8 @@ void check_loss(const Case& c, const reference::Sharder& s, const RankTask& task
   for (int m = 0; m < s.num_microbatches(); ++m) {
     const reference::GlobalStreams& g = s.global(m);
     const auto rows = g.labels.rows();
-    const reference::FloatMatrix global = global_logits(c, rows, g.padded_len, m);
-    std::vector<reference::FloatMatrix> logits;
-    std::vector<reference::IntMatrix> labels;
-    std::vector<reference::BoolVector> valid;
-    for (int r = 0; r < c.cp; ++r) {
-      const reference::LocalShard l = s.local(m, r);
-      reference::FloatMatrix mine(rows * l.layout.local_len, c.vocab);
-      for (Eigen::Index b = 0; b < rows; ++b)
-        mine.middleRows(b * l.layout.local_len, l.layout.local_len) =
-            global.middleRows(b * g.padded_len + l.layout.begin, l.layout.local_len);
-      logits.push_back(mine);
-      labels.push_back(l.labels);
-      valid.push_back(l.valid);
-    }
-    const auto ref = reference::shifted_cp_loss(logits, labels, valid, {p.softcap});
+    const RankLossInputs in = cut_for_ranks(global_logits(c, rows, g.padded_len, m), s, m);
+    const auto ref = reference::shifted_cp_loss(in.values, in.labels, in.valid, {p.softcap});
     const double zmax = static_cast<double>(c.logit_scale) * 6;  // |z| bound of the generator
     for (int r = 0; r < c.cp; ++r) {
       const std::string where =

@@ -2,10 +2,6 @@
 
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
-#include <map>
-#include <mutex>
-#include <utility>
-
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/process_group.hpp"
 
@@ -24,12 +20,12 @@ std::chrono::milliseconds timeout_of(const c10::intrusive_ptr<c10d::Backend>& ba
 
 }  // namespace
 
+// A fresh mesh per call (a small object; the group lookup is needed anyway). No cache: a
+// process-wide one kept every backend alive until static destruction at exit, after
+// destroy_process_group, where tearing a ProcessGroupGloo down could abort the process
+// ("terminate called without an active exception", seen once at CP 3 in CI).
 MeshPtr mesh_for(const std::string& group_name, const at::Device& device) {
   if (group_name.empty()) return nullptr;
-  static std::mutex mutex;
-  // The Backend object keys the cache too: a group destroyed and created again under the
-  // same name gets a new mesh.
-  static std::map<std::tuple<std::string, std::string, const void*>, MeshPtr> meshes;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   try {
     group = c10d::resolve_process_group(group_name);
@@ -43,12 +39,7 @@ MeshPtr mesh_for(const std::string& group_name, const at::Device& device) {
     raise("mesh", "process group \"", group_name, "\" (", group->getBackendName(),
           ") has no backend for ", device.type(), " tensors: use gloo for CPU, nccl for CUDA");
   }
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto key = std::make_tuple(group_name, device.str(), static_cast<const void*>(backend.get()));
-  auto it = meshes.find(key);
-  if (it == meshes.end())
-    it = meshes.emplace(key, make_process_group_mesh(backend, device, timeout_of(backend))).first;
-  return it->second;
+  return make_process_group_mesh(backend, device, timeout_of(backend));
 }
 
 }  // namespace cpkit::python

@@ -1,5 +1,5 @@
 // CP meshes for the Python ops: a process group's name (as PyTorch's functional collectives
-// pass it) resolved through c10d's group registry, one mesh per (group, device).
+// pass it) resolved through c10d's group registry into a mesh over its backend for a device.
 #pragma once
 
 #include <ATen/Device.h>

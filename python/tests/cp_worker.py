@@ -40,6 +40,19 @@ def hf_labels(sharder_cp1: cpkit.Sharder, rows: int) -> torch.Tensor:
     return torch.cat(parts)[:rows]
 
 
+def truth_labels(full: dict) -> torch.Tensor:
+    """An unsharded microbatch's labels, -100 wherever its layout counts no target."""
+    labels = full["labels"].clone()
+    labels[~full["valid"].view_as(labels)] = IGNORE
+    return labels
+
+
+def mean_over_ranks(loss: torch.Tensor, cp: int) -> torch.Tensor:
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    return mean / cp
+
+
 def check_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab: int, seed: int,
                softcap: float = 0.0) -> None:
     prepare = cpkit.prepare_packed_cp_inputs if packed else cpkit.prepare_cp_inputs
@@ -59,14 +72,9 @@ def check_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab: int, 
         full = whole.local(m)
         truth_logits = global_logits[:, :layout["seq_len"]].clone().requires_grad_(True)
         capped = softcap * torch.tanh(truth_logits / softcap) if softcap > 0 else truth_logits
-        labels = full["labels"].clone()
-        labels[~full["valid"].view_as(labels)] = IGNORE
-        truth = single_device_loss(capped, labels)
+        truth = single_device_loss(capped, truth_labels(full))
         truth.backward()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
-        mean /= cp
-        torch.testing.assert_close(mean, truth.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(mean_over_ranks(loss, cp), truth.detach(), rtol=1e-5, atol=1e-6)
         # Gradients: the CP / N scale means rank gradients are averaged: grad_r / CP = truth.
         expected = torch.zeros(rows, layout["padded_len"], vocab)
         expected[:, :layout["seq_len"]] = truth_logits.grad
@@ -100,13 +108,9 @@ def check_linear_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab
         truth_w = weight.clone().requires_grad_(True)
         logits = truth_hidden @ truth_w.T
         capped = softcap * torch.tanh(logits / softcap) if softcap > 0 else logits
-        labels = full["labels"].clone()
-        labels[~full["valid"].view_as(labels)] = IGNORE
-        truth = single_device_loss(capped, labels)
+        truth = single_device_loss(capped, truth_labels(full))
         truth.backward()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
-        torch.testing.assert_close(mean / cp, truth.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(mean_over_ranks(loss, cp), truth.detach(), rtol=1e-5, atol=1e-6)
         dweight = w.grad.clone()
         dist.all_reduce(dweight)
         torch.testing.assert_close(dweight / cp, truth_w.grad, rtol=1e-4, atol=1e-6)
