@@ -106,14 +106,8 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
                             const at::Tensor& weight, const at::Tensor& targets,
-                            const at::Tensor& count, int64_t cp, double softcap, int64_t chunk_rows,
-                            bool grad_hidden, bool grad_weight) {
-    LinearLossOptions options;
-    options.softcap = softcap;
-    options.chunk_rows = chunk_rows;
-    LinearLossGrads want;
-    want.hidden = grad_hidden;
-    want.weight = grad_weight;
+                            const at::Tensor& count, int64_t cp, const LinearLossOptions& options,
+                            LinearLossGrads want) {
     LinearLossWithGrad out = fused_linear_loss(hidden, weight, {targets, count}, cp, options, want);
     ctx->save_for_backward({out.grad_hidden, out.grad_weight});
     return out.loss;
@@ -125,8 +119,8 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     auto scaled = [&](const at::Tensor& g) {
       return g.defined() ? detail::times_upstream(g, grads[0]) : at::Tensor();
     };
-    return {scaled(saved[0]), scaled(saved[1]), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(),     at::Tensor(),     at::Tensor(), at::Tensor()};
+    return {scaled(saved[0]), scaled(saved[1]), at::Tensor(), at::Tensor(),
+            at::Tensor(),     at::Tensor(),     at::Tensor()};
   }
 };
 
@@ -153,9 +147,10 @@ at::Tensor shifted_cp_linear_loss(const at::Tensor& hidden, const at::Tensor& we
   const detail::Targets t = prepare_linear(hidden, weight, labels, valid, mesh, options);
   // Only the gradients autograd will ask for: a frozen head costs no d weight matmul.
   const bool grad_on = at::GradMode::is_enabled();
-  return LinearCrossEntropy::apply(
-      hidden, weight, t.targets, t.count, int64_t{cp_size(mesh)}, options.softcap,
-      options.chunk_rows, grad_on && hidden.requires_grad(), grad_on && weight.requires_grad());
+  return LinearCrossEntropy::apply(hidden, weight, t.targets, t.count, int64_t{cp_size(mesh)},
+                                   options,
+                                   LinearLossGrads{.hidden = grad_on && hidden.requires_grad(),
+                                                   .weight = grad_on && weight.requires_grad()});
 }
 
 LinearLossWithGrad shifted_cp_linear_loss_with_grad(const at::Tensor& hidden,

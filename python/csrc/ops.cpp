@@ -66,14 +66,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> shifted_cp_linear_loss_op(
     const at::Tensor& valid, const std::string& group_name, double softcap, int64_t chunk_rows,
     bool grad_hidden, bool grad_weight) {
   return checked([&] {
-    LinearLossOptions options;
-    options.softcap = softcap;
-    options.chunk_rows = chunk_rows;
-    LinearLossGrads grads;
-    grads.hidden = grad_hidden;
-    grads.weight = grad_weight;
     LinearLossWithGrad out = shifted_cp_linear_loss_with_grad(
-        hidden, weight, labels, valid, mesh_for(group_name, hidden.device()), options, grads);
+        hidden, weight, labels, valid, mesh_for(group_name, hidden.device()),
+        {.softcap = softcap, .chunk_rows = chunk_rows},
+        {.hidden = grad_hidden, .weight = grad_weight});
     auto or_empty = [](const at::Tensor& g, const at::Tensor& like) {
       return g.defined() ? g : like.new_empty({0});
     };
