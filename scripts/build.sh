@@ -5,7 +5,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-"$root/build"}
 shift || true
-if [[ ! -f "$build/build.ninja" ]]; then
+# Configure on first use; re-configure an existing tree only when cache settings are passed.
+if [[ ! -f "$build/build.ninja" || $# -gt 0 ]]; then
   cmake -S "$root" -B "$build" -G Ninja "$@"
 fi
 cmake --build "$build" --parallel "$(nproc)"

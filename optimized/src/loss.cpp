@@ -52,11 +52,23 @@ class ShiftedCrossEntropy : public torch::autograd::Function<ShiftedCrossEntropy
     return out.loss;
   }
 
+  // The saved gradient is scaled in place and handed on (no second [T, V] buffer), so it
+  // serves one backward: a second one through a retained graph raises instead of
+  // silently scaling twice.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    return {detail::times_upstream(ctx->get_saved_variables()[0], grads[0]), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+    if (ctx->saved_data.count(kBackwardDone))
+      raise("shifted_cp_loss backward",
+            "ran twice through one forward (retain_graph=True): the logits gradient was "
+            "scaled in place by the first; call shifted_cp_loss again for a second backward");
+    ctx->saved_data[kBackwardDone] = true;
+    at::Tensor grad = ctx->get_saved_variables()[0];
+    scale_loss_gradient_(grad, grads[0]);
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
+
+ private:
+  static constexpr const char* kBackwardDone = "backward_done";
 };
 
 }  // namespace
@@ -75,6 +87,21 @@ LossWithGrad shifted_cp_loss_with_grad(const at::Tensor& logits, const at::Tenso
   const detail::Targets t = prepare_targets(logits, labels, valid, mesh);
   const at::NoGradGuard no_grad;
   return fused_loss(logits.detach(), t, cp_size(mesh), options.softcap);
+}
+
+void scale_loss_gradient_(const at::Tensor& grad_logits, const at::Tensor& upstream) {
+  detail::require_defined(grad_logits, "grad_logits");
+  detail::require_dtype(grad_logits, at::kFloat, "grad_logits");
+  if (!grad_logits.is_contiguous())
+    raise("grad_logits", "must be contiguous (shape ", detail::shape_of(grad_logits), ", strides ",
+          grad_logits.strides(), ")");
+  detail::require_defined(upstream, "upstream");
+  if (upstream.numel() != 1)
+    raise("upstream", "must have one element (the loss is a scalar), got shape ",
+          detail::shape_of(upstream));
+  if (upstream.is_cuda() && upstream.device() != grad_logits.device())
+    raise("upstream", "is on ", upstream.device(), " but grad_logits is on ", grad_logits.device());
+  detail::scale_by_upstream_in_place(grad_logits, upstream);
 }
 
 }  // namespace cpkit

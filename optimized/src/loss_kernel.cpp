@@ -7,6 +7,7 @@
 #include "cuda_glue.hpp"
 #include "fault_injection.hpp"
 #include "kernels/cross_entropy_launch.hpp"
+#include "kernels/upstream_scale.hpp"
 
 namespace cpkit::detail {
 
@@ -46,6 +47,25 @@ at::Tensor times_upstream(const at::Tensor& grad, const at::Tensor& upstream) {
   // Reading a CPU scalar costs no synchronisation.
   const bool unit = !upstream.is_cuda() && upstream.numel() == 1 && upstream.item<float>() == 1.0f;
   return unit ? grad : grad * upstream;
+}
+
+void scale_by_upstream_in_place(const at::Tensor& grad, const at::Tensor& upstream) {
+  if (!upstream.is_cuda()) {  // a host scalar: reading it costs no synchronisation
+    const float u = upstream.item<float>();
+    if (!grad.is_cuda())
+      kernels::scale_by_upstream_cpu(grad.data_ptr<float>(), grad.numel(), &u);
+    else if (!kernels::leaves_gradient_as_is(u))
+      grad.mul_(u);
+    return;
+  }
+#if CPKIT_WITH_CUDA
+  const c10::DeviceGuard on_device(grad.device());
+  const at::Tensor u = upstream.to(at::kFloat);  // a no-op for the fp32 loss's upstream
+  kernels::scale_by_upstream_cuda(grad.data_ptr<float>(), grad.numel(), u.data_ptr<float>(),
+                                  current_stream(grad));
+#else
+  current_stream(upstream);  // raises: built without the CUDA kernels
+#endif
 }
 
 }  // namespace cpkit::detail

@@ -18,7 +18,13 @@ void cross_entropy_rows(const at::Tensor& logits, const at::Tensor& targets,
 at::Tensor scaled_loss(const at::Tensor& row_loss, const at::Tensor& scale);
 
 // grad * upstream, or grad itself when the upstream is a CPU scalar exactly 1 (the usual
-// loss.backward()): no pass over a gradient the kernel already scaled.
+// loss.backward()): no pass over a gradient the kernel already scaled. For gradients small
+// next to the logits (the fused head's d hidden and d weight).
 at::Tensor times_upstream(const at::Tensor& grad, const at::Tensor& upstream);
+
+// grad *= upstream in place for the fp32 contiguous logits gradient: no second [T, V]
+// buffer, no pass at all when the upstream is exactly 1, and a CUDA upstream is read on the
+// device (no host synchronisation). Arguments checked by the caller (scale_loss_gradient_).
+void scale_by_upstream_in_place(const at::Tensor& grad, const at::Tensor& upstream);
 
 }  // namespace cpkit::detail

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ._errors import raise_error
+
 _LIB = "cpkit::"
 
 
@@ -69,25 +71,30 @@ def _loss_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.set_materialize_grads(False)
 
 
-def _scaled(grad: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
-    # loss.backward() sends exactly 1: hand out the kernel's gradient storage, no pass over
-    # [B, L, V]. Only in eager mode on a CPU scalar (reading it costs no synchronisation);
-    # traced (fake or functional tensors) and CUDA upstreams take the multiply.
-    if (
-        type(upstream) is torch.Tensor
-        and upstream.device.type == "cpu"
-        and upstream.numel() == 1
-        and upstream.item() == 1.0
-    ):
-        return grad
-    return grad * upstream
+@torch.library.register_fake(_LIB + "scale_loss_gradient_")
+def _scale_fake(grad_logits, upstream):  # type: ignore[no-untyped-def]
+    return None
 
 
 def _loss_backward(ctx: Any, grad_loss: torch.Tensor, _grad_of_grad: Any) -> tuple:
     (grad,) = ctx.saved_tensors
     if grad_loss is None:  # the loss was not used
         return None, None, None, None, None
-    return _scaled(grad, grad_loss), None, None, None, None
+    # The saved gradient is scaled in place (no second [B, L, V] buffer; nothing at all for
+    # loss.backward()'s upstream of 1, read on the device for CUDA), so it serves one backward.
+    if getattr(ctx, "backward_done", False):
+        raise_error(
+            "shifted_cp_loss backward",
+            "ran twice through one forward (retain_graph=True): the logits gradient was "
+            "scaled in place by the first; call shifted_cp_loss again for a second backward",
+        )
+    ctx.backward_done = True
+    if type(grad) is not torch.Tensor or type(grad_loss) is not torch.Tensor:
+        # Traced (fake or functional tensors): compiled graphs may not mutate a tensor saved
+        # by the forward, so the trace takes the multiply and the compiler fuses it.
+        return grad * grad_loss, None, None, None, None
+    torch.ops.cpkit.scale_loss_gradient_(grad, grad_loss)
+    return grad, None, None, None, None
 
 
 torch.library.register_autograd(
@@ -112,6 +119,20 @@ def _linear_loss_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.set_materialize_grads(False)
 
 
+def _times_upstream(grad: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
+    # d hidden and d weight are small next to the logits: an out-of-place multiply (on the
+    # device for a CUDA upstream), skipped for loss.backward()'s upstream of exactly 1 when it
+    # is a CPU scalar in eager mode (reading it costs no synchronisation).
+    if (
+        type(upstream) is torch.Tensor
+        and upstream.device.type == "cpu"
+        and upstream.numel() == 1
+        and upstream.item() == 1.0
+    ):
+        return grad
+    return grad * upstream
+
+
 def _linear_loss_backward(ctx: Any, grad_loss: torch.Tensor, _dh: Any, _dw: Any) -> tuple:
     dh, dw = ctx.saved_tensors
     none = (None,) * 7
@@ -119,8 +140,8 @@ def _linear_loss_backward(ctx: Any, grad_loss: torch.Tensor, _dh: Any, _dw: Any)
         return (None, None) + none
     want_hidden, want_weight = ctx.wanted
     return (
-        _scaled(dh, grad_loss) if want_hidden else None,
-        _scaled(dw, grad_loss) if want_weight else None,
+        _times_upstream(dh, grad_loss) if want_hidden else None,
+        _times_upstream(dw, grad_loss) if want_weight else None,
     ) + none
 
 

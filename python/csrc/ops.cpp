@@ -60,6 +60,10 @@ std::tuple<at::Tensor, at::Tensor> shifted_cp_loss_op(const at::Tensor& logits,
   });
 }
 
+void scale_loss_gradient_op(const at::Tensor& grad_logits, const at::Tensor& upstream) {
+  checked([&] { scale_loss_gradient_(grad_logits, upstream); });
+}
+
 // A gradient not asked for comes back as an empty [0] tensor (an op returns no None).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> shifted_cp_linear_loss_op(
     const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
@@ -213,6 +217,8 @@ TORCH_LIBRARY(cpkit, m) {
   m.def(
       "shifted_cp_loss(Tensor logits, Tensor labels, Tensor valid, str group_name, float softcap) "
       "-> (Tensor, Tensor)");
+  // The loss's backward: scales the saved gradient in place (nothing when the upstream is 1).
+  m.def("scale_loss_gradient_(Tensor(a!) grad_logits, Tensor upstream) -> ()");
   m.def(
       "shifted_cp_linear_loss(Tensor hidden, Tensor weight, Tensor labels, Tensor valid, "
       "str group_name, float softcap, int chunk_rows, bool grad_hidden, bool grad_weight) "
@@ -246,6 +252,7 @@ TORCH_LIBRARY(cpkit, m) {
     m.impl("gather_tokens", &gather_tokens_op);                   \
     m.impl("reduce_scatter_tokens", &reduce_scatter_tokens_op);   \
     m.impl("shifted_cp_loss", &shifted_cp_loss_op);               \
+    m.impl("scale_loss_gradient_", &scale_loss_gradient_op);      \
     m.impl("shifted_cp_linear_loss", &shifted_cp_linear_loss_op); \
     m.impl("shard", &shard_op);                                   \
     m.impl("attention_offsets", &attention_offsets_op);           \

@@ -1,9 +1,10 @@
 """The Python layer copies neither logits nor gradients: backward hands out the storage the
-fused kernel wrote (for loss.backward()'s unit upstream), and forward reads the caller's
+fused kernel wrote (scaled in place for any other upstream), and forward reads the caller's
 logits in place."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import cpkit
@@ -23,11 +24,22 @@ def test_backward_hands_out_the_kernel_gradient():
     loss, kernel_grad = torch.ops.cpkit.shifted_cp_loss(logits, labels, valid, "", 0.0)
     (grad,) = torch.autograd.grad(loss, logits)
     assert grad.data_ptr() == kernel_grad.data_ptr()
-    # Any other upstream scales it (a new tensor), by the upstream's value.
+    # Any other upstream scales that same storage in place (no second [B, L, V] buffer).
     loss, kernel_grad = torch.ops.cpkit.shifted_cp_loss(logits, labels, valid, "", 0.0)
+    unit = kernel_grad.clone()
     (half,) = torch.autograd.grad(loss, logits, torch.tensor(0.5))
-    assert half.data_ptr() != kernel_grad.data_ptr()
-    torch.testing.assert_close(half, kernel_grad * 0.5)
+    assert half.data_ptr() == kernel_grad.data_ptr()
+    torch.testing.assert_close(half, unit * 0.5)
+
+
+def test_second_backward_through_a_retained_graph_raises():
+    """The in-place scaling serves one backward; a second one raises instead of scaling the
+    already scaled gradient again."""
+    logits, labels, valid = _inputs()
+    loss = cpkit.shifted_cp_loss(logits, labels, valid)
+    torch.autograd.grad(loss, logits, torch.tensor(2.0), retain_graph=True)
+    with pytest.raises(cpkit.CPError, match="retain_graph"):
+        torch.autograd.grad(loss, logits, torch.tensor(2.0))
 
 
 def test_public_loss_matches_the_op_and_plain_torch():

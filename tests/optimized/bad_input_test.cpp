@@ -51,6 +51,22 @@ TEST(BadInputOptimized, LossLogitsNotContiguous) {
       "logits", {"contiguous", "[1, 3, 4]"});
 }
 
+TEST(BadInputOptimized, LossUpstreamOfMoreThanOneElement) {
+  expect_rejected(
+      [] {
+        scale_loss_gradient_(at::zeros({1, 3, 4}), at::ones({2}));
+      },
+      "upstream", {"one element", "[2]"});
+}
+
+TEST(BadInputOptimized, LossGradientToScaleNotFloat32) {
+  expect_rejected(
+      [] {
+        scale_loss_gradient_(at::zeros({1, 3, 4}, at::kDouble), at::ones({}));
+      },
+      "grad_logits", {"Float", "Double"});
+}
+
 TEST(BadInputOptimized, LossLabelOutsideVocabulary) {
   expect_rejected(
       [] {

@@ -8,11 +8,13 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "cpkit/optimized/loss.hpp"
 #include "kernels/cross_entropy.hpp"
+#include "kernels/upstream_scale.hpp"
 
 namespace cpkit::kernels {
 namespace {
@@ -125,6 +127,26 @@ TEST(KernelMath, MaskedVocabularyMatchesTorch) {
     EXPECT_NEAR(loss.item<float>(), truth.item<float>(), 1e-5) << "softcap " << softcap;
     EXPECT_FALSE(x.grad().isnan().any().item<bool>()) << "softcap " << softcap;
     EXPECT_TRUE(at::allclose(x.grad(), y.grad(), 1e-5, 1e-7)) << "softcap " << softcap;
+  }
+}
+
+// The upstream rule both kernels share: exactly 1 leaves the gradient as it is (bit for bit,
+// NaN rows too); anything else, 1 + ulp, 0 and NaN included, scales it.
+TEST(KernelMath, UpstreamOfExactlyOneLeavesTheGradientAsIs) {
+  EXPECT_TRUE(leaves_gradient_as_is(1.0f));
+  for (const float u : {std::nextafter(1.0f, 2.0f), 0.0f, -1.0f, NAN})
+    EXPECT_FALSE(leaves_gradient_as_is(u)) << u;
+  const std::vector<float> original{0.25f, -3.0f, NAN, -0.0f, 1e-30f};
+  std::vector<float> g = original;
+  const float one = 1.0f, half = 0.5f;
+  scale_by_upstream_cpu(g.data(), static_cast<std::int64_t>(g.size()), &one);
+  EXPECT_EQ(0, std::memcmp(g.data(), original.data(), g.size() * sizeof(float)));
+  scale_by_upstream_cpu(g.data(), static_cast<std::int64_t>(g.size()), &half);
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (std::isnan(original[i]))
+      EXPECT_TRUE(std::isnan(g[i]));
+    else
+      EXPECT_EQ(g[i], original[i] * 0.5f) << i;
   }
 }
 

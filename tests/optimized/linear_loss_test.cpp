@@ -8,11 +8,11 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "cpkit/optimized/host_cache.hpp"
 #include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
+#include "largest_allocation.hpp"
 #include "rank_expectations.hpp"
 
 namespace cpkit {
@@ -125,26 +125,6 @@ TEST(LinearLossGradients, OnlyWhatIsAskedFor) {
       at::allclose(only_weight.grad_weight, materialised(h, nullptr, 0).dweight, 1e-5, 1e-6));
 }
 
-// Records the largest CPU allocation made through it.
-class LargestAllocation final : public c10::Allocator {
- public:
-  explicit LargestAllocation(c10::Allocator* inner) : inner_(inner) {}
-  c10::DataPtr allocate(size_t n) override {
-    size_t seen = largest.load();
-    while (n > seen && !largest.compare_exchange_weak(seen, n)) {
-    }
-    return inner_->allocate(n);
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return inner_->raw_deleter(); }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    inner_->copy_data(dest, src, count);
-  }
-  std::atomic<size_t> largest{0};
-
- private:
-  c10::Allocator* inner_;
-};
-
 // The point of the op: with B * L = 4096 rows, V = 1000 and 64-row chunks, no allocation may
 // come near the [B, L, V] logits (16 MB); the largest is the chunk (256 KB) or the head's
 // gradient [V, H].
@@ -156,7 +136,7 @@ TEST(LinearLossMemory, NeverAllocatesTheLogits) {
   options.chunk_rows = 64;
   set_host_cache_limit(0);
   c10::Allocator* inner = c10::GetCPUAllocator();
-  LargestAllocation probe(inner);
+  testing::LargestAllocation probe(inner);
   c10::SetCPUAllocator(&probe, /*priority=*/100);
   shifted_cp_linear_loss(x, w, h.labels, h.valid, nullptr, options).backward();
   c10::SetCPUAllocator(inner, /*priority=*/101);

@@ -2,10 +2,12 @@
 // cross_entropy (with autograd) on the whole unsharded batch.
 #include <gtest/gtest.h>
 
+#include <c10/core/CPUAllocator.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/loss.hpp"
+#include "largest_allocation.hpp"
 #include "rank_expectations.hpp"
 
 namespace cpkit {
@@ -142,16 +144,56 @@ TEST(ShiftedLossAutograd, GradScalesByIncomingGradient) {
   const at::Tensor logits = at::randn({2, 5, 11}).requires_grad_(true);
   const at::Tensor labels = at::randint(0, 11, {2, 5}, at::kLong);
   const at::Tensor valid = at::ones({10}, at::kBool);
-  const at::Tensor loss = shifted_cp_loss(logits, labels, valid, nullptr);
-  const auto once = torch::autograd::grad({loss}, {logits}, {at::ones({})}, /*retain_graph=*/true);
-  const auto scaled = torch::autograd::grad({loss}, {logits}, {at::full({}, 2.5)});
-  EXPECT_TRUE(at::allclose(scaled[0], once[0] * 2.5, 1e-6, 0));
+  auto loss = [&] { return shifted_cp_loss(logits, labels, valid, nullptr); };
+  const auto once = torch::autograd::grad({loss()}, {logits}, {at::ones({})});
+  for (const double upstream : {2.5, 0.0, -1.0}) {
+    const auto scaled = torch::autograd::grad({loss()}, {logits}, {at::full({}, upstream)});
+    EXPECT_TRUE(at::allclose(scaled[0], once[0] * upstream, 1e-6, 0)) << "upstream " << upstream;
+  }
   // And it is the gradient of LibTorch's own composite.
   const at::Tensor x = logits.detach().requires_grad_(true);
   const at::Tensor composite = at::cross_entropy_loss(x.narrow(1, 0, 4).reshape({-1, 11}),
                                                       labels.narrow(1, 1, 4).reshape({-1}));
   const auto expected = torch::autograd::grad({composite}, {x});
   EXPECT_TRUE(at::allclose(once[0], expected[0], 1e-5, 1e-7));
+}
+
+// The upstream scaling is in place: backward allocates nothing near the [B, L, V] gradient,
+// whatever the upstream (1 skips the pass; others scale the saved gradient where it is).
+TEST(ShiftedLossAutograd, BackwardAllocatesNoSecondLogitsBuffer) {
+  at::manual_seed(9);
+  const int64_t B = 2, L = 512, V = 1000;
+  const at::Tensor logits = at::randn({B, L, V}).requires_grad_(true);
+  const at::Tensor labels = at::randint(0, V, {B, L}, at::kLong);
+  const at::Tensor valid = at::ones({B * L}, at::kBool);
+  const at::Tensor unit = torch::autograd::grad({shifted_cp_loss(logits, labels, valid, nullptr)},
+                                                {logits}, {at::ones({})})[0];
+  for (const double upstream : {1.0, 3.0}) {
+    const at::Tensor loss = shifted_cp_loss(logits, labels, valid, nullptr);
+    c10::Allocator* inner = c10::GetCPUAllocator();
+    testing::LargestAllocation probe(inner);
+    c10::SetCPUAllocator(&probe, /*priority=*/100);
+    const at::Tensor grad = torch::autograd::grad({loss}, {logits}, {at::full({}, upstream)})[0];
+    c10::SetCPUAllocator(inner, /*priority=*/101);
+    EXPECT_LT(probe.largest.load(), static_cast<size_t>(B * L * V) * sizeof(float) / 4)
+        << "upstream " << upstream;
+    EXPECT_TRUE(at::allclose(grad, unit * upstream, 1e-6, 0)) << "upstream " << upstream;
+  }
+}
+
+// A second backward through a retained graph would see the gradient already scaled: it
+// raises, naming retain_graph, instead of returning a wrong gradient.
+TEST(ShiftedLossAutograd, SecondBackwardThroughARetainedGraphRaises) {
+  const at::Tensor logits = at::randn({1, 4, 5}).requires_grad_(true);
+  const at::Tensor labels = at::randint(0, 5, {1, 4}, at::kLong);
+  const at::Tensor loss = shifted_cp_loss(logits, labels, at::ones({4}, at::kBool), nullptr);
+  torch::autograd::grad({loss}, {logits}, {at::full({}, 2.0)}, /*retain_graph=*/true);
+  try {
+    torch::autograd::grad({loss}, {logits}, {at::full({}, 2.0)});
+    FAIL() << "a second backward was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("retain_graph"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "cpkit/optimized/constants.hpp"
 #include "kernels/host_device.hpp"
+#include "kernels/vector_span.hpp"
 
 namespace cpkit::kernels {
 
@@ -15,20 +16,6 @@ namespace cpkit::kernels {
 // the global mean over N targets; 0 when the mesh has no target, never NaN.
 CPKIT_HOST_DEVICE inline float loss_scale(int cp, std::int64_t count) {
   return count > 0 ? static_cast<float>(cp) / static_cast<float>(count) : 0.0f;
-}
-
-// A row of n floats at byte address `address` (a multiple of 4), split for 16-byte loads:
-// `head` scalars up to the first 16-byte boundary, `quads` aligned float4s, `tail` scalars.
-// Rows of any V (50257 as well as 131072) then take vector loads for all but <= 6 logits.
-struct VectorSpan {
-  std::int64_t head, quads, tail;
-};
-
-CPKIT_HOST_DEVICE inline VectorSpan vector_span(std::uintptr_t address, std::int64_t n) {
-  std::int64_t head = static_cast<std::int64_t>((16 - address % 16) % 16 / 4);
-  head = head < n ? head : n;
-  const std::int64_t quads = (n - head) / 4;
-  return {head, quads, n - head - 4 * quads};
 }
 
 // Running max and sum of exp(x - max): one read of the row gives log-sum-exp.

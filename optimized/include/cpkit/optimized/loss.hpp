@@ -29,4 +29,10 @@ LossWithGrad shifted_cp_loss_with_grad(const at::Tensor& logits, const at::Tenso
                                        const at::Tensor& valid, const MeshPtr& mesh,
                                        const LossOptions& options = {});
 
+// grad_logits *= upstream, in place: the backward of a wrapper around
+// shifted_cp_loss_with_grad. No second [B, L, V] buffer; nothing at all when the upstream is
+// exactly 1 (loss.backward()); a CUDA upstream is read on the device, never on the host.
+// upstream: one element, on the CPU or grad_logits' device.
+void scale_loss_gradient_(const at::Tensor& grad_logits, const at::Tensor& upstream);
+
 }  // namespace cpkit
