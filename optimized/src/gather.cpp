@@ -2,7 +2,14 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
 #include "cpkit/optimized/gather.hpp"
+#include "cpkit/optimized/validation.hpp"
 #include "fault_injection.hpp"
 #include "host_cache_internal.hpp"
 #include "mesh_capsule.hpp"
@@ -40,6 +47,34 @@ void check_shapes_agree(const at::Tensor& value, Communicator& comm) {
               r, " has a different trailing shape or rank (dimension ", d - 1, ": ", other[d],
               " vs ", mine[d], ")");
   }
+}
+
+// Shapes this rank has already checked on a mesh. Keyed by the mesh's control block, so a
+// destroyed mesh's entry can never be taken for a new mesh at the same address.
+class VerifiedShapes {
+ public:
+  // True the first time `shape` is seen on `mesh` (the caller then checks it).
+  bool first_sighting(const MeshPtr& mesh, const std::vector<int64_t>& shape) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    std::erase_if(seen_, [](const auto& entry) { return entry.first.expired(); });
+    return seen_[mesh].insert(shape).second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::weak_ptr<Communicator>, std::set<std::vector<int64_t>>, std::owner_less<>> seen_;
+};
+
+// Every call for CPU tensors (free) or with ValueChecks::kAlways; once per (mesh, shape and
+// dtype) otherwise: the check is a collective and, for CUDA tensors, a host round trip. A
+// rank whose shape changes while the others' do not is then caught by the collective's own
+// size check or timeout, not here (docs/spec.md section 3).
+bool shapes_need_checking(const at::Tensor& value, const MeshPtr& mesh) {
+  if (detail::check_values_of(value)) return true;
+  static VerifiedShapes verified;
+  std::vector<int64_t> key = value.sizes().vec();
+  key.push_back(static_cast<int64_t>(value.scalar_type()));
+  return verified.first_sighting(mesh, key);
 }
 
 at::Tensor all_gather_rows(const at::Tensor& value, Communicator& comm) {
@@ -93,7 +128,7 @@ at::Tensor gather_tokens(const at::Tensor& value, const MeshPtr& mesh, bool diff
   if (value.dim() < 1) raise("value", "needs a token axis, got a 0-d tensor");
   detail::scalar_kind(value, "value");
   if (cp_size(mesh) == 1) return differentiable ? value : value.detach();
-  check_shapes_agree(value, *mesh);
+  if (shapes_need_checking(value, mesh)) check_shapes_agree(value, *mesh);
   if (differentiable) return GatherTokens::apply(value, mesh);
   return all_gather_rows(value.detach(), *mesh);
 }

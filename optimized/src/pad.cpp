@@ -5,6 +5,7 @@
 
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "cuda_glue.hpp"
 #include "host_cache_internal.hpp"
 
 namespace cpkit {
@@ -44,7 +45,8 @@ at::Tensor cut_columns(const at::Tensor& x, const Layout& l, double fill) {
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes[1] = l.local_len;
   at::Tensor out = detail::empty_reusable(sizes, x.options());
-  out.narrow(1, 0, cut.size(1)).copy_(cut);
+  const at::Tensor real = out.narrow(1, 0, cut.size(1));
+  if (!(x.is_cuda() && detail::copy_rows_2d(real, cut))) real.copy_(cut);  // GPU: one 2-D copy
   out.narrow(1, cut.size(1), l.local_len - cut.size(1)).fill_(fill);
   return out;
 }

@@ -137,18 +137,22 @@ void packed_streams_cpu(const at::Tensor& row_labels, const Sharder::Microbatch&
 }
 
 #if CPKIT_WITH_CUDA
-// The same on the GPU: only the document offsets travel to the device.
+// The same on the GPU: only the document offsets travel to the device, in one copy from
+// pinned host memory that does not block the host (a pageable copy would).
 void packed_layout_device(const Sharder::Microbatch& mb, const Layout& l, at::Device device,
                           LocalShard& shard) {
   const auto on_device = at::TensorOptions().device(device);
-  const at::Tensor cu = mb.cu_padded.to(device);
-  const at::Tensor lens = mb.lens.to(device);
+  const int64_t docs = mb.lens.numel();
+  const at::Tensor offsets =
+      at::cat({mb.cu_padded, mb.lens}).pin_memory().to(device, /*non_blocking=*/true);
+  const at::Tensor cu = offsets.narrow(0, 0, mb.cu_padded.numel());
+  const at::Tensor lens = offsets.narrow(0, mb.cu_padded.numel(), docs);
   shard.document_ids = at::empty({1, l.local_len}, on_device.dtype(at::kLong));
   shard.position_ids = at::empty({1, l.local_len}, on_device.dtype(at::kLong));
   shard.padding = at::empty({1, l.local_len}, on_device.dtype(at::kBool));
   kernels::PackedLayoutArgs args{cu.data_ptr<int64_t>(),
                                  lens.data_ptr<int64_t>(),
-                                 lens.numel(),
+                                 docs,
                                  l.begin,
                                  l.local_len,
                                  shard.document_ids.data_ptr<int64_t>(),

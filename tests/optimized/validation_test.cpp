@@ -6,8 +6,12 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <cstring>
+#include <memory>
 
+#include "cpkit/optimized/communicator.hpp"
 #include "cpkit/optimized/error.hpp"
+#include "cpkit/optimized/gather.hpp"
 #include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/validation.hpp"
@@ -39,6 +43,73 @@ TEST_F(ValueChecksTest, OffTheStrayLabelGivesNaNNotAStrayRead) {
   const auto head = shifted_cp_linear_loss_with_grad(at::randn({1, 4, 3}), at::randn({5, 3}),
                                                      labels, valid, nullptr);
   EXPECT_TRUE(std::isnan(head.loss.item<float>()));
+}
+
+}  // namespace
+}  // namespace cpkit
+
+namespace cpkit {
+namespace {
+
+// A two-rank mesh in one process whose other rank always holds what this one holds; it
+// counts its all-gathers (the gather's shape check is one, the data another).
+class MirrorMesh final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  const char* backend() const override { return "mirror"; }
+  void all_gather(const void* send, void* recv, std::size_t count, ScalarKind kind) override {
+    ++all_gathers;
+    const std::size_t bytes = count * item_size(kind);
+    std::memcpy(recv, send, bytes);
+    std::memcpy(static_cast<char*>(recv) + bytes, send, bytes);
+  }
+  void reduce_scatter_sum(const void*, void*, std::size_t, ScalarKind) override {}
+  void all_reduce_sum(void*, std::size_t, ScalarKind) override {}
+  void shift_from_next(const void*, void*, std::size_t, ScalarKind) override {}
+  int all_gathers = 0;
+
+ private:
+  static std::size_t item_size(ScalarKind kind) {
+    switch (kind) {
+      case ScalarKind::kInt64:
+        return 8;
+      case ScalarKind::kFloat32:
+        return 4;
+      case ScalarKind::kFloat16:
+      case ScalarKind::kBFloat16:
+        return 2;
+      case ScalarKind::kUInt8:
+        return 1;
+    }
+    return 0;
+  }
+};
+
+// Checked every call while value checks apply to the tensor; otherwise once per (mesh,
+// shape, dtype): the second gather of a shape is the data collective alone.
+TEST_F(ValueChecksTest, GatherShapesCheckedOncePerMeshAndShapeWhenChecksAreOff) {
+  auto mesh = std::make_shared<MirrorMesh>();
+  const MeshPtr as_mesh = mesh;
+  auto gathers_of = [&](const at::Tensor& value) {
+    const int before = mesh->all_gathers;
+    const at::Tensor out = gather_tokens(value, as_mesh, false);
+    EXPECT_TRUE(at::equal(out.narrow(0, 0, value.size(0)), value));
+    return mesh->all_gathers - before;
+  };
+  const at::Tensor a = at::randn({3, 2}), b = at::randn({5, 2});
+  EXPECT_EQ(gathers_of(a), 2);  // CPU tensors: checked every call by default
+  EXPECT_EQ(gathers_of(a), 2);
+  set_value_checks(ValueChecks::kNever);
+  EXPECT_EQ(gathers_of(a), 2);  // first sighting on this mesh
+  EXPECT_EQ(gathers_of(a), 1);
+  EXPECT_EQ(gathers_of(b), 2);  // a new shape
+  EXPECT_EQ(gathers_of(a.to(at::kBFloat16)), 2);  // a new dtype
+  EXPECT_EQ(gathers_of(b), 1);
+  EXPECT_EQ(gathers_of(a), 1);
+  const MeshPtr other = std::make_shared<MirrorMesh>();
+  EXPECT_EQ(gather_tokens(a, other, false).size(0), 6);
+  EXPECT_EQ(static_cast<MirrorMesh&>(*other).all_gathers, 2);  // a new mesh
 }
 
 }  // namespace
