@@ -103,7 +103,7 @@ TEST_F(ValueChecksTest, GatherShapesCheckedOncePerMeshAndShapeWhenChecksAreOff) 
   set_value_checks(ValueChecks::kNever);
   EXPECT_EQ(gathers_of(a), 2);  // first sighting on this mesh
   EXPECT_EQ(gathers_of(a), 1);
-  EXPECT_EQ(gathers_of(b), 2);  // a new shape
+  EXPECT_EQ(gathers_of(b), 2);                    // a new shape
   EXPECT_EQ(gathers_of(a.to(at::kBFloat16)), 2);  // a new dtype
   EXPECT_EQ(gathers_of(b), 1);
   EXPECT_EQ(gathers_of(a), 1);

@@ -1,7 +1,13 @@
-// Raw NCCL behind the Communicator interface: device buffers, the caller's stream.
+// Raw NCCL behind the Communicator interface: device buffers, the caller's stream. A
+// watchdog (comm/fault_watch.hpp) follows every enqueued operation through a CUDA event, so
+// a dead peer ends in an error naming the operation within the timeout, never a hang.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <optional>
+
+#include "comm/fault_watch.hpp"
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/nccl_mesh.hpp"
 #include "nccl_internal.hpp"
@@ -31,15 +37,39 @@ void check(ncclResult_t result, const char* operation) {
     raise("mesh", "NCCL ", operation, " failed: ", ncclGetErrorString(result));
 }
 
+// ncclGroupEnd runs on every path out of a group, a throwing check included: a group left
+// open would swallow the next operation on this thread.
+class NcclGroup {
+ public:
+  NcclGroup() { check(ncclGroupStart(), "group start"); }
+  ~NcclGroup() {
+    if (open_) ncclGroupEnd();
+  }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  void end() {
+    open_ = false;
+    check(ncclGroupEnd(), "group end");
+  }
+
+ private:
+  bool open_ = true;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, std::function<void*()> stream, bool owned)
+  NcclCommunicator(ncclComm_t comm, std::function<void*()> stream, bool owned,
+                   std::chrono::milliseconds timeout)
       : comm_(comm), stream_(std::move(stream)), owned_(owned) {
+    if (timeout.count() <= 0) raise("timeout", "must be positive, got ", timeout.count(), " ms");
     check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
     check(ncclCommCount(comm_, &size_), "ncclCommCount");
+    if (cudaGetDevice(&device_) != cudaSuccess) raise("device", "cudaGetDevice failed");
+    watch_.emplace(watch_hooks(), timeout);
   }
   ~NcclCommunicator() override {
-    if (owned_) ncclCommDestroy(comm_);
+    watch_.reset();  // stops the watchdog before the communicator goes
+    if (owned_ && !aborted_.load()) ncclCommDestroy(comm_);
   }
 
   int rank() const override { return rank_; }
@@ -47,42 +77,97 @@ class NcclCommunicator final : public Communicator {
   const char* backend() const override { return "nccl"; }
 
   void all_gather(const void* send, void* recv, std::size_t count, ScalarKind kind) override {
-    check(ncclAllGather(send, recv, count, nccl_type(kind), comm_, stream()), "all-gather");
+    run("all-gather", [&](cudaStream_t s) {
+      return ncclAllGather(send, recv, count, nccl_type(kind), comm_, s);
+    });
   }
   void reduce_scatter_sum(const void* send, void* recv, std::size_t count,
                           ScalarKind kind) override {
-    check(ncclReduceScatter(send, recv, count, nccl_type(kind), ncclSum, comm_, stream()),
-          "reduce-scatter");
+    run("reduce-scatter", [&](cudaStream_t s) {
+      return ncclReduceScatter(send, recv, count, nccl_type(kind), ncclSum, comm_, s);
+    });
   }
   void all_reduce_sum(void* data, std::size_t count, ScalarKind kind) override {
-    check(ncclAllReduce(data, data, count, nccl_type(kind), ncclSum, comm_, stream()),
-          "all-reduce");
+    run("all-reduce", [&](cudaStream_t s) {
+      return ncclAllReduce(data, data, count, nccl_type(kind), ncclSum, comm_, s);
+    });
   }
+  // One group: the receive from r + 1 and the send to r - 1 progress together, so the
+  // exchange does not serialise around the ring.
   void shift_from_next(const void* send, void* recv, std::size_t count, ScalarKind kind) override {
-    check(ncclGroupStart(), "group start");
-    if (rank_ + 1 < size_)
-      check(ncclRecv(recv, count, nccl_type(kind), rank_ + 1, comm_, stream()), "recv");
-    if (rank_ > 0)
-      check(ncclSend(send, count, nccl_type(kind), rank_ - 1, comm_, stream()), "send");
-    check(ncclGroupEnd(), "group end");
+    run("loss-halo send/recv", [&](cudaStream_t s) {
+      NcclGroup group;
+      if (rank_ + 1 < size_)
+        check(ncclRecv(recv, count, nccl_type(kind), rank_ + 1, comm_, s), "recv");
+      if (rank_ > 0) check(ncclSend(send, count, nccl_type(kind), rank_ - 1, comm_, s), "send");
+      group.end();
+      return ncclSuccess;
+    });
   }
 
  private:
-  cudaStream_t stream() const { return static_cast<cudaStream_t>(stream_()); }
+  // Enqueues one operation on the caller's stream and hands the watchdog an event recorded
+  // after it.
+  template <class Enqueue>
+  void run(const char* operation, Enqueue&& enqueue) {
+    watch_->raise_if_failed(operation);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream_());
+    check(enqueue(s), operation);
+    cudaEvent_t event = nullptr;
+    if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventRecord(event, s) != cudaSuccess) {
+      if (event != nullptr) cudaEventDestroy(event);
+      raise("mesh", "recording a CUDA event after NCCL ", operation, " failed");
+    }
+    watch_->watch(operation, event);
+  }
+
+  detail::FaultWatch::Hooks watch_hooks() {
+    return {
+        .done =
+            [this](void* event) {
+              on_device();
+              // Any answer but "not ready" ends the wait: errors surface on the stream.
+              return cudaEventQuery(static_cast<cudaEvent_t>(event)) != cudaErrorNotReady;
+            },
+        .release = [](void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); },
+        .engine_error = [this]() -> std::string {
+          ncclResult_t state = ncclSuccess;
+          if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess)
+            return "ncclCommGetAsyncError failed";
+          if (state == ncclSuccess || state == ncclInProgress) return "";
+          return ncclGetErrorString(state);
+        },
+        .abort =
+            [this] {
+              aborted_.store(true);
+              ncclCommAbort(comm_);  // in-flight kernels exit; waits on the stream return
+            },
+    };
+  }
+
+  void on_device() const {
+    thread_local int current = -1;
+    if (current != device_ && cudaSetDevice(device_) == cudaSuccess) current = device_;
+  }
 
   ncclComm_t comm_;
   std::function<void*()> stream_;
   bool owned_;
   int rank_ = 0;
   int size_ = 1;
+  int device_ = 0;
+  std::atomic<bool> aborted_{false};
+  std::optional<detail::FaultWatch> watch_;
 };
 
 }  // namespace
 
-MeshPtr make_nccl_mesh(void* nccl_comm, std::function<void*()> stream) {
+MeshPtr make_nccl_mesh(void* nccl_comm, std::function<void*()> stream,
+                       std::chrono::milliseconds timeout) {
   if (nccl_comm == nullptr) raise("nccl_comm", "is null");
   return std::make_shared<NcclCommunicator>(static_cast<ncclComm_t>(nccl_comm), std::move(stream),
-                                            /*owned=*/false);
+                                            /*owned=*/false, timeout);
 }
 
 namespace detail {
@@ -94,7 +179,7 @@ std::vector<char> nccl_unique_id() {
 }
 
 MeshPtr nccl_mesh_from_id(const std::vector<char>& id_bytes, int rank, int size, int device,
-                          std::function<void*()> stream) {
+                          std::function<void*()> stream, std::chrono::milliseconds timeout) {
   ncclUniqueId id;
   if (id_bytes.size() != sizeof(id.internal))
     raise("store", "NCCL unique id has ", id_bytes.size(), " bytes, expected ",
@@ -103,7 +188,7 @@ MeshPtr nccl_mesh_from_id(const std::vector<char>& id_bytes, int rank, int size,
   if (cudaSetDevice(device) != cudaSuccess) raise("device", "cudaSetDevice(", device, ") failed");
   ncclComm_t comm = nullptr;
   check(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank");
-  return std::make_shared<NcclCommunicator>(comm, std::move(stream), /*owned=*/true);
+  return std::make_shared<NcclCommunicator>(comm, std::move(stream), /*owned=*/true, timeout);
 }
 
 }  // namespace detail

@@ -13,7 +13,7 @@ namespace cpkit {
 namespace detail {
 
 MeshPtr nccl_mesh_over_store(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                             int device) {
+                             int device, std::chrono::milliseconds timeout) {
   if (size < 1) raise("size", "must be >= 1, got ", size);
   if (rank < 0 || rank >= size) raise("rank", "must be in [0, ", size, "), got ", rank);
   const std::string key = "cpkit_nccl_unique_id";
@@ -25,15 +25,17 @@ MeshPtr nccl_mesh_over_store(const c10::intrusive_ptr<c10d::Store>& store, int r
   const auto index = static_cast<c10::DeviceIndex>(device);
   return nccl_mesh_from_id(
       std::vector<char>(bytes.begin(), bytes.end()), rank, size, device,
-      [index] { return static_cast<void*>(c10::cuda::getCurrentCUDAStream(index).stream()); });
+      [index] { return static_cast<void*>(c10::cuda::getCurrentCUDAStream(index).stream()); },
+      timeout);
 }
 
 }  // namespace detail
 
-MeshPtr make_nccl_mesh_from_store(const std::string& store_path, int rank, int size, int device) {
+MeshPtr make_nccl_mesh_from_store(const std::string& store_path, int rank, int size, int device,
+                                  std::chrono::milliseconds timeout) {
   if (size < 1) raise("size", "must be >= 1, got ", size);
   return detail::nccl_mesh_over_store(c10::make_intrusive<c10d::FileStore>(store_path, size), rank,
-                                      size, device);
+                                      size, device, timeout);
 }
 
 }  // namespace cpkit

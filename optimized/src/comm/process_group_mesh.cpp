@@ -71,9 +71,18 @@ class ProcessGroupCommunicator final : public Communicator {
     constexpr int kTag = 7001;
     std::vector<at::Tensor> incoming{wrap(recv, count, kind)};
     std::vector<at::Tensor> outgoing{wrap(send, count, kind)};
+    // Backends that coalesce (NCCL) run the pair as one group, so the exchange does not
+    // serialise around the ring; the others (Gloo) already progress both at once.
+    const bool coalesced = backend_->supportsCoalescing();
+    if (coalesced) backend_->startCoalescing();
     c10::intrusive_ptr<c10d::Work> received, sent;
     if (rank() + 1 < size()) received = backend_->recv(incoming, rank() + 1, kTag);
     if (rank() > 0) sent = backend_->send(outgoing, rank() - 1, kTag);
+    if (coalesced) {
+      const c10::intrusive_ptr<c10d::Work> both = backend_->endCoalescing();
+      if (both) wait(both, "send/recv with the neighbours (loss halo)");
+      return;
+    }
     if (received) wait(received, "recv from the next rank (loss halo)");
     if (sent) wait(sent, "send to the previous rank (loss halo)");
   }

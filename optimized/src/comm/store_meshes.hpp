@@ -17,8 +17,9 @@ MeshPtr gloo_mesh_over_store(const c10::intrusive_ptr<c10d::Store>& store, int r
                              std::chrono::milliseconds timeout, bool loopback,
                              const std::string& interface = "");
 
-// cpkit's NCCL communicator on `device`; rank 0's unique id travels through `store`.
+// cpkit's NCCL communicator on `device`; rank 0's unique id travels through `store`; an
+// operation not complete after `timeout` aborts it (comm/fault_watch.hpp).
 MeshPtr nccl_mesh_over_store(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                             int device);
+                             int device, std::chrono::milliseconds timeout);
 
 }  // namespace cpkit::detail
