@@ -23,12 +23,14 @@ void check_bshd(const CPBatch& batch, int num_chunks) {
     if (batch.attention_mask.sizes() != batch.labels.sizes())
       raise("attention_mask", "has shape ", shape_of(batch.attention_mask), " but labels have ",
             shape_of(batch.labels));
-    const at::Tensor mask = batch.attention_mask.to(at::kLong);
-    const at::Tensor odd = (mask != 0) & (mask != 1);
-    if (detail::check_values_of(mask) && odd.any().item<bool>()) {
-      const auto i = odd.flatten().nonzero()[0][0].item<int64_t>();
-      raise("attention_mask", "value ", mask.flatten()[i].item<int64_t>(), " at [",
-            i / mask.size(1), ", ", i % mask.size(1), "] is neither 0 nor 1");
+    if (detail::check_values_of(batch.attention_mask)) {
+      const at::Tensor mask = batch.attention_mask.to(at::kLong);
+      const at::Tensor odd = (mask != 0) & (mask != 1);
+      if (odd.any().item<bool>()) {
+        const auto i = odd.flatten().nonzero()[0][0].item<int64_t>();
+        raise("attention_mask", "value ", mask.flatten()[i].item<int64_t>(), " at [",
+              i / mask.size(1), ", ", i % mask.size(1), "] is neither 0 nor 1");
+      }
     }
   }
   if (B % num_chunks != 0)
