@@ -13,6 +13,7 @@
 #include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "kernels/cross_entropy_launch.hpp"
 
 namespace {
 
@@ -61,6 +62,13 @@ void BM_GpuCE_Optimized(benchmark::State& state) {
   cpkit::bench::set_bytes(state, 8.0 * static_cast<double>(in.logits.numel()));
 }
 
+// The same with the two-pass kernel forced: what the cluster kernel's single HBM read saves.
+void BM_GpuCE_TwoPass(benchmark::State& state) {
+  cpkit::kernels::set_cuda_cross_entropy_kernel(cpkit::kernels::CrossEntropyKernel::kTwoPass);
+  BM_GpuCE_Optimized(state);
+  cpkit::kernels::set_cuda_cross_entropy_kernel(cpkit::kernels::CrossEntropyKernel::kAuto);
+}
+
 void BM_GpuCE_Torch(benchmark::State& state) {
   const Ce in = ce_inputs(state.range(0), state.range(1));
   const int64_t T = state.range(0), V = state.range(1);
@@ -85,6 +93,22 @@ void BM_GpuCopy(benchmark::State& state) {
                     c10::cuda::getCurrentCUDAStream().stream());
   });
   cpkit::bench::set_bytes(state, 2.0 * static_cast<double>(bytes));
+}
+
+// The limit for a BSHD cut: one cudaMemcpy2D of rank 1's columns of [2, S, H] bf16 at CP 4.
+// Args: S, H
+void BM_GpuCopy2D(benchmark::State& state) {
+  const int64_t S = state.range(0), H = state.range(1);
+  const at::Tensor src =
+      at::empty({2, S, H}, at::TensorOptions().dtype(at::kBFloat16).device(kCuda));
+  at::Tensor dst = at::empty({2, S / 4, H}, src.options());
+  const std::size_t width = static_cast<std::size_t>(S / 4 * H) * 2;
+  time_cuda(state, [&] {
+    cudaMemcpy2DAsync(dst.data_ptr(), width, static_cast<char*>(src.data_ptr()) + width,
+                      static_cast<std::size_t>(S * H) * 2, width, 2, cudaMemcpyDeviceToDevice,
+                      c10::cuda::getCurrentCUDAStream().stream());
+  });
+  cpkit::bench::set_bytes(state, 2.0 * static_cast<double>(dst.numel() * 2));
 }
 
 // Args: S, H (bf16, B = 2, CP = 4, rank 1)
@@ -187,6 +211,15 @@ BENCHMARK(BM_GpuCE_Optimized)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(10);
+BENCHMARK(BM_GpuCE_TwoPass)
+    ->Args({16384, 131072, 0})
+    ->Args({16384, 131072, 30})
+    ->Args({8192, 204800, 0})
+    ->Args({8192, 204800, 30})
+    ->Args({4096, 32768, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(10);
 BENCHMARK(BM_GpuCE_Torch)
     ->Args({16384, 131072, 0})
     ->Args({16384, 131072, 30})
@@ -200,6 +233,11 @@ BENCHMARK(BM_GpuCopy)
     ->Arg(int64_t{8} << 30)            // 4 T V bytes of [16384, 131072] fp32 logits
     ->Arg(int64_t{4} * 8192 * 204800)  // and of [8192, 204800]
     ->Arg(int64_t{512} << 20)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(10);
+BENCHMARK(BM_GpuCopy2D)
+    ->Args({32768, 4096})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(10);

@@ -11,6 +11,7 @@
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/nccl_mesh.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "kernels/cross_entropy_launch.hpp"
 
 namespace cpkit {
 namespace {
@@ -24,8 +25,29 @@ struct LossCase {
 
 class CudaLossTest : public ::testing::TestWithParam<LossCase> {};
 
+// Both CUDA kernels on every case: the cluster kernel (where cluster_plan allows it, all
+// these on sm_90) and the two-pass kernel.
+class KernelChoice {
+ public:
+  explicit KernelChoice(kernels::CrossEntropyKernel k) {
+    kernels::set_cuda_cross_entropy_kernel(k);
+  }
+  ~KernelChoice() { kernels::set_cuda_cross_entropy_kernel(kernels::CrossEntropyKernel::kAuto); }
+};
+
+void expect_matches_cpu_and_torch(const LossCase& c);
+
 TEST_P(CudaLossTest, MatchesCpuPathAndTorch) {
-  const LossCase c = GetParam();
+  for (const auto kernel :
+       {kernels::CrossEntropyKernel::kAuto, kernels::CrossEntropyKernel::kTwoPass}) {
+    SCOPED_TRACE(kernel == kernels::CrossEntropyKernel::kAuto ? "auto (cluster on sm_90)"
+                                                              : "two-pass");
+    const KernelChoice choice(kernel);
+    expect_matches_cpu_and_torch(GetParam());
+  }
+}
+
+void expect_matches_cpu_and_torch(const LossCase& c) {
   at::manual_seed(11);
   const at::Tensor logits_cpu = at::randn({c.B, c.L, c.V}) * 4;
   at::Tensor labels = at::randint(0, c.V, {c.B, c.L}, at::kLong);

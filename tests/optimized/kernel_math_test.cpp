@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpkit/optimized/loss.hpp"
+#include "kernels/cluster_plan.hpp"
 #include "kernels/cross_entropy.hpp"
 #include "kernels/upstream_scale.hpp"
 
@@ -147,6 +148,58 @@ TEST(KernelMath, UpstreamOfExactlyOneLeavesTheGradientAsIs) {
       EXPECT_TRUE(std::isnan(g[i]));
     else
       EXPECT_EQ(g[i], original[i] * 0.5f) << i;
+  }
+}
+
+// The CUDA kernel choice (cluster_plan): on Hopper, production vocabularies take the
+// smallest cluster whose blocks hold at most 112 KB each; what does not fit, and every
+// device without clusters, takes the two-pass kernel.
+TEST(KernelMath, ClusterPlanPicksTheSmallestClusterThatFits) {
+  const DeviceLimits hopper{9, true, 227 * 1024}, ampere{8, false, 163 * 1024};
+  struct Want {
+    std::int64_t vocab;
+    int blocks;
+  };
+  for (const Want w : {Want{128, 1}, Want{32000, 2}, Want{50257, 2}, Want{131072, 8},
+                       Want{151936, 8}, Want{204800, 8}, Want{262144, 0}}) {
+    const ClusterPlan plan = cluster_plan(w.vocab / 4, hopper);
+    EXPECT_EQ(plan.blocks, w.blocks) << "V " << w.vocab;
+    if (plan.blocks == 0) continue;
+    EXPECT_LE(plan.shared_bytes, kClusterBlockBudget) << "V " << w.vocab;
+    EXPECT_EQ(plan.shared_bytes, static_cast<std::size_t>(plan.quads_per_block) * 16);
+    if (plan.blocks > 1) {  // a smaller cluster would not fit
+      const std::int64_t half = plan.blocks / 2;
+      EXPECT_GT(static_cast<std::size_t>((w.vocab / 4 + half - 1) / half) * 16, kClusterBlockBudget)
+          << "V " << w.vocab;
+    }
+  }
+  EXPECT_EQ(cluster_plan(131072 / 4, ampere).blocks, 0);
+  EXPECT_EQ(cluster_plan(128 / 4, DeviceLimits{9, false, 227 * 1024}).blocks, 0);
+  EXPECT_EQ(cluster_plan(0, hopper).blocks, 0);
+  // A device that opts in less shared memory than the budget bounds the blocks by it.
+  const ClusterPlan small = cluster_plan(32000 / 4, DeviceLimits{9, true, 48 * 1024});
+  EXPECT_EQ(small.blocks, 4);
+  EXPECT_LE(small.shared_bytes, 48u * 1024);
+}
+
+// The blocks of a cluster cover a row's aligned middle exactly once, for every alignment
+// of the row (its float4 count is V / 4 or one less) and every planned vocabulary.
+TEST(KernelMath, ClusterBlocksPartitionTheRow) {
+  const DeviceLimits hopper{9, true, 227 * 1024};
+  for (const std::int64_t vocab : {4, 7, 1000, 32000, 50257, 131072, 151936, 204800}) {
+    for (std::uintptr_t address = 0; address < 16; address += 4) {
+      const VectorSpan span = vector_span(address, vocab);
+      const ClusterPlan plan = cluster_plan(vocab / 4, hopper);
+      ASSERT_GT(plan.blocks, 0) << vocab;
+      std::int64_t next = 0;
+      for (int part = 0; part < plan.blocks; ++part) {
+        const QuadRange r = quads_of_block(plan, part, span.quads);
+        EXPECT_EQ(r.begin, next) << "V " << vocab << " part " << part;
+        EXPECT_LE(r.end - r.begin, plan.quads_per_block);
+        next = r.end;
+      }
+      EXPECT_EQ(next, span.quads) << "V " << vocab << " address " << address;
+    }
   }
 }
 

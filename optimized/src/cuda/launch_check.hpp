@@ -16,4 +16,11 @@ inline void check_launch(const char* kernel) {
                              " failed: " + cudaGetErrorString(error));
 }
 
+// A CUDA runtime call on the launch path (an attribute, cudaLaunchKernelEx).
+inline void check_cuda(cudaError_t error, const char* what) {
+  if (error != cudaSuccess)
+    throw std::runtime_error(std::string("cpkit: ") + what +
+                             " failed: " + cudaGetErrorString(error));
+}
+
 }  // namespace cpkit::kernels
