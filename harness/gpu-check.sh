@@ -28,7 +28,7 @@ has_gpu=0
 [[ -d $deps ]] || say "warning: $deps missing (run scripts/prepare-gpu-deps.sh here and carry .deps/gpu)"
 
 if ! timeout 120 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCPKIT_TORCH_PYTHON="$python" -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DCPKIT_TORCH_PYTHON="$python" -DCMAKE_CUDA_ARCHITECTURES=90 -DTORCH_CUDA_ARCH_LIST=9.0 \
     -DCMAKE_PREFIX_PATH="$deps/usr;$deps/usr/lib/x86_64-linux-gnu/cmake;$deps/usr/share" \
     -DEigen3_DIR="$deps/usr/share/eigen3/cmake" -DCMAKE_CXX_FLAGS="-isystem $deps/usr/include" \
     -DCPKIT_WERROR=OFF > "$out/configure.log" 2>&1; then

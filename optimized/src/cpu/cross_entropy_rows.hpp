@@ -33,7 +33,7 @@ inline OnlineSoftmax stage_row(const float* z, std::int64_t vocab, float softcap
     if constexpr (kCapped) {
 #pragma omp simd
       for (std::int64_t k = 0; k < n; ++k) {
-        s[k] = fast_tanh(x[k] / softcap);
+        s[k] = fast_tanh(over_cap(x[k], softcap));
         c[k] = softcap * s[k];
       }
     } else {

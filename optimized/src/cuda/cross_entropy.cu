@@ -235,7 +235,9 @@ DeviceLimits limits_of_current_device() {
   return cache[device];
 }
 
-void launch_cluster(const CrossEntropyArgs& args, const ClusterPlan& plan, cudaStream_t stream) {
+// Launches the cluster kernel; false (nothing launched) when the device cannot co-schedule
+// a cluster of this plan (its blocks must fit one GPC at once).
+bool launch_cluster(const CrossEntropyArgs& args, const ClusterPlan& plan, cudaStream_t stream) {
   check_cuda(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(plan.shared_bytes)),
              "cudaFuncSetAttribute(cluster_kernel)");
@@ -251,7 +253,12 @@ void launch_cluster(const CrossEntropyArgs& args, const ClusterPlan& plan, cudaS
   cluster_dims[0].val.clusterDim.z = 1;
   config.attrs = cluster_dims;
   config.numAttrs = 1;
+  int clusters = 0;
+  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, cluster_kernel, &config),
+             "cudaOccupancyMaxActiveClusters(cluster_kernel)");
+  if (clusters == 0) return false;
   check_cuda(cudaLaunchKernelEx(&config, cluster_kernel, args, plan), "cluster_kernel");
+  return true;
 }
 
 }  // namespace
@@ -266,15 +273,12 @@ void cross_entropy_cuda(const CrossEntropyArgs& args, void* stream) {
   const ClusterPlan plan = choice == CrossEntropyKernel::kTwoPass
                                ? ClusterPlan{0, 0, 0}
                                : cluster_plan(args.vocab / 4, limits_of_current_device());
-  if (choice == CrossEntropyKernel::kCluster && plan.blocks == 0)
+  if (plan.blocks > 0 && launch_cluster(args, plan, s)) return;
+  if (choice == CrossEntropyKernel::kCluster)
     throw std::runtime_error(
-        "cpkit: the cluster cross-entropy kernel needs sm_90 and a row of "
-        "at most 8 x 112 KB; V = " +
+        "cpkit: the cluster cross-entropy kernel needs sm_90, a row of at "
+        "most 8 x 112 KB and a device that co-schedules the cluster; V = " +
         std::to_string(args.vocab));
-  if (plan.blocks > 0) {
-    launch_cluster(args, plan, s);
-    return;
-  }
   two_pass_kernel<<<static_cast<unsigned>(args.rows), kThreads, 0, s>>>(args);
   check_launch("two_pass_kernel");
 }
