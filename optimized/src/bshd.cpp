@@ -1,10 +1,12 @@
-// BSHD: validation, microbatches along the batch axis, and a rank's streams computed with
-// device-agnostic ATen ops (CPU and CUDA tensors alike).
+// BSHD: validation, microbatches along the batch axis, and a rank's token streams in one
+// pass (kernels/bshd_layout.hpp: a CPU loop, or one CUDA kernel for CUDA tensors).
+#include <c10/core/DeviceGuard.h>
+
 #include "cpkit/optimized/error.hpp"
+#include "cuda_glue.hpp"
 #include "fault_injection.hpp"
-#include "pad.hpp"
+#include "kernels/bshd_layout.hpp"
 #include "sharder_internal.hpp"
-#include "targets.hpp"
 #include "tensor_checks.hpp"
 
 namespace cpkit::detail {
@@ -56,31 +58,64 @@ std::vector<Sharder::Microbatch> bshd_microbatches(const CPBatch& batch, int cp_
   return out;
 }
 
+namespace {
+
+// Rows [first_row, first_row + rows) of an int64 [B, S] input whose columns are adjacent
+// (a view in the usual case), as int64.
+at::Tensor int64_rows(const at::Tensor& t, const Sharder::Microbatch& mb) {
+  at::Tensor rows = t.narrow(0, mb.first_row, mb.rows).to(at::kLong);
+  return rows.stride(1) == 1 ? rows : rows.contiguous();
+}
+
+}  // namespace
+
 void fill_bshd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const Layout& l,
                        LocalShard& shard) {
-  const auto rows_of = [&](const at::Tensor& t) { return t.narrow(0, mb.first_row, mb.rows); };
-  const auto S = l.seq_len;
-  const at::Tensor t = at::arange(l.begin, l.end, batch.labels.options()).unsqueeze(0);
-  const at::Tensor past_end = (t >= S).expand({mb.rows, l.local_len});
-  at::Tensor padding = past_end.clone();
-  if (batch.attention_mask.defined())
-    padding |= cut_columns(rows_of(batch.attention_mask).to(at::kLong), l, 1) == 0;
-
-  if (batch.position_ids.defined()) {
-    const at::Tensor given = rows_of(batch.position_ids);
-    const at::Tensor last = given.select(1, S - 1).unsqueeze(1);
-    // Right padding continues the row's positions: last + 1, last + 2, ...
-    shard.position_ids = at::where(past_end, last + (t - S + 1), cut_columns(given, l, 0));
+  const auto on_device = batch.labels.options();
+  const at::Tensor labels = int64_rows(batch.labels, mb);
+  const at::Tensor mask =
+      batch.attention_mask.defined() ? int64_rows(batch.attention_mask, mb) : at::Tensor();
+  const at::Tensor positions =
+      batch.position_ids.defined() ? int64_rows(batch.position_ids, mb) : at::Tensor();
+  shard.position_ids = at::empty({mb.rows, l.local_len}, on_device.dtype(at::kLong));
+  shard.document_ids = at::empty({mb.rows, l.local_len}, on_device.dtype(at::kLong));
+  shard.padding = at::empty({mb.rows, l.local_len}, on_device.dtype(at::kBool));
+  shard.labels = at::empty({mb.rows, l.local_len}, on_device.dtype(at::kLong));
+  shard.valid = at::empty({mb.rows * l.local_len}, on_device.dtype(at::kBool));
+  kernels::BshdLayoutArgs args{};
+  args.labels = labels.data_ptr<int64_t>();
+  args.labels_pitch = labels.stride(0);
+  if (mask.defined()) {
+    args.mask = mask.data_ptr<int64_t>();
+    args.mask_pitch = mask.stride(0);
+  }
+  if (positions.defined()) {
+    args.positions = positions.data_ptr<int64_t>();
+    args.positions_pitch = positions.stride(0);
+  }
+  args.rows = mb.rows;
+  args.seq_len = l.seq_len;
+  args.begin = l.begin;
+  args.count = l.local_len;
+  args.position = shard.position_ids.data_ptr<int64_t>();
+  args.document = shard.document_ids.data_ptr<int64_t>();
+  args.padding = shard.padding.data_ptr<bool>();
+  args.label = shard.labels.data_ptr<int64_t>();
+  args.valid = shard.valid.data_ptr<bool>();
+  if (labels.is_cuda()) {
+#if CPKIT_WITH_CUDA
+    const c10::DeviceGuard on_gpu(labels.device());  // launch on the batch's GPU
+    kernels::bshd_layout_cuda(args, current_stream(labels));
+#else
+    current_stream(labels);  // raises: built without the CUDA kernels
+#endif
   } else {
-    shard.position_ids = t.expand({mb.rows, l.local_len}).contiguous();
+    kernels::bshd_layout_cpu(args);
   }
   if (detail::fault("positions_after_cut"))  // local 0..L-1 instead of the global positions
-    shard.position_ids =
-        at::arange(l.local_len, batch.labels.options()).expand({mb.rows, l.local_len}).contiguous();
-  shard.document_ids = (~past_end).to(at::kLong);  // the row is one document
-  shard.padding = padding;
-  shard.labels = sharded_labels(padding, cut_columns(rows_of(batch.labels), l, kIgnoreLabel));
-  shard.valid = valid_targets(padding, shard.labels, t);
+    shard.position_ids = at::arange(l.local_len, on_device.dtype(at::kLong))
+                             .expand({mb.rows, l.local_len})
+                             .contiguous();
 }
 
 }  // namespace cpkit::detail
