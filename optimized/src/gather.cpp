@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "cpkit/optimized/gather.hpp"
@@ -49,20 +50,26 @@ void check_shapes_agree(const at::Tensor& value, Communicator& comm) {
   }
 }
 
-// Shapes this rank has already checked on a mesh. Keyed by the mesh's control block, so a
-// destroyed mesh's entry can never be taken for a new mesh at the same address.
+// Shapes this rank has already checked, per mesh: by the mesh's group name where it has one
+// (meshes rebuilt per call share it), else by the mesh's control block, so a destroyed
+// mesh's entry can never be taken for a new mesh at the same address.
 class VerifiedShapes {
  public:
+  using Shape = std::vector<int64_t>;
+
   // True the first time `shape` is seen on `mesh` (the caller then checks it).
-  bool first_sighting(const MeshPtr& mesh, const std::vector<int64_t>& shape) {
+  bool first_sighting(const MeshPtr& mesh, const Shape& shape) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    std::erase_if(seen_, [](const auto& entry) { return entry.first.expired(); });
-    return seen_[mesh].insert(shape).second;
+    const std::string group = mesh->group_name();
+    if (!group.empty()) return by_group_[group].insert(shape).second;
+    std::erase_if(by_mesh_, [](const auto& entry) { return entry.first.expired(); });
+    return by_mesh_[mesh].insert(shape).second;
   }
 
  private:
   std::mutex mutex_;
-  std::map<std::weak_ptr<Communicator>, std::set<std::vector<int64_t>>, std::owner_less<>> seen_;
+  std::map<std::string, std::set<Shape>> by_group_;
+  std::map<std::weak_ptr<Communicator>, std::set<Shape>, std::owner_less<>> by_mesh_;
 };
 
 // Every call for CPU tensors (free) or with ValueChecks::kAlways; once per (mesh, shape and

@@ -39,7 +39,7 @@ MeshPtr mesh_for(const std::string& group_name, const at::Device& device) {
     raise("mesh", "process group \"", group_name, "\" (", group->getBackendName(),
           ") has no backend for ", device.type(), " tensors: use gloo for CPU, nccl for CUDA");
   }
-  return make_process_group_mesh(backend, device, timeout_of(backend));
+  return make_process_group_mesh(backend, device, timeout_of(backend), group_name);
 }
 
 }  // namespace cpkit::python

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "cpkit/optimized/communicator.hpp"
 #include "cpkit/optimized/error.hpp"
@@ -55,9 +57,11 @@ namespace {
 // counts its all-gathers (the gather's shape check is one, the data another).
 class MirrorMesh final : public Communicator {
  public:
+  explicit MirrorMesh(std::string group = "") : group_(std::move(group)) {}
   int rank() const override { return 0; }
   int size() const override { return 2; }
   const char* backend() const override { return "mirror"; }
+  std::string group_name() const override { return group_; }
   void all_gather(const void* send, void* recv, std::size_t count, ScalarKind kind) override {
     ++all_gathers;
     const std::size_t bytes = count * item_size(kind);
@@ -70,6 +74,7 @@ class MirrorMesh final : public Communicator {
   int all_gathers = 0;
 
  private:
+  std::string group_;
   static std::size_t item_size(ScalarKind kind) {
     switch (kind) {
       case ScalarKind::kInt64:
@@ -110,6 +115,22 @@ TEST_F(ValueChecksTest, GatherShapesCheckedOncePerMeshAndShapeWhenChecksAreOff) 
   const MeshPtr other = std::make_shared<MirrorMesh>();
   EXPECT_EQ(gather_tokens(a, other, false).size(0), 6);
   EXPECT_EQ(static_cast<MirrorMesh&>(*other).all_gathers, 2);  // a new mesh
+}
+
+// Meshes rebuilt around one named group (the Python ops build one per call) share what was
+// checked: the second mesh of group "g" checks nothing already checked; another group does.
+TEST_F(ValueChecksTest, GatherShapesCheckedOncePerGroupAcrossRebuiltMeshes) {
+  set_value_checks(ValueChecks::kNever);
+  const at::Tensor a = at::randn({4, 3});
+  auto gathers_on = [&](const std::string& group) {
+    auto mesh = std::make_shared<MirrorMesh>(group);
+    gather_tokens(a, mesh, false);
+    return mesh->all_gathers;
+  };
+  EXPECT_EQ(gathers_on("g"), 2);
+  EXPECT_EQ(gathers_on("g"), 1);
+  EXPECT_EQ(gathers_on("h"), 2);
+  EXPECT_EQ(gathers_on("g"), 1);
 }
 
 }  // namespace

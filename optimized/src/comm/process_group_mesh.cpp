@@ -27,12 +27,16 @@ at::ScalarType to_scalar_type(ScalarKind kind) {
 class ProcessGroupCommunicator final : public Communicator {
  public:
   ProcessGroupCommunicator(c10::intrusive_ptr<c10d::Backend> backend, at::Device device,
-                           std::chrono::milliseconds timeout)
-      : backend_(std::move(backend)), device_(device), timeout_(timeout) {}
+                           std::chrono::milliseconds timeout, std::string group_name)
+      : backend_(std::move(backend)),
+        device_(device),
+        timeout_(timeout),
+        group_name_(std::move(group_name)) {}
 
   int rank() const override { return backend_->getRank(); }
   int size() const override { return backend_->getSize(); }
   const char* backend() const override { return "c10d"; }
+  std::string group_name() const override { return group_name_; }
 
   void all_gather(const void* send, void* recv, std::size_t count, ScalarKind kind) override {
     at::Tensor out = wrap(recv, count * static_cast<std::size_t>(size()), kind);
@@ -114,15 +118,17 @@ class ProcessGroupCommunicator final : public Communicator {
   c10::intrusive_ptr<c10d::Backend> backend_;
   at::Device device_;
   std::chrono::milliseconds timeout_;
+  std::string group_name_;
   bool has_reduce_scatter_ = true;
 };
 
 }  // namespace
 
 MeshPtr make_process_group_mesh(c10::intrusive_ptr<c10d::Backend> backend, at::Device device,
-                                std::chrono::milliseconds timeout) {
+                                std::chrono::milliseconds timeout, std::string group_name) {
   if (!backend) raise("backend", "is null");
-  return std::make_shared<ProcessGroupCommunicator>(std::move(backend), device, timeout);
+  return std::make_shared<ProcessGroupCommunicator>(std::move(backend), device, timeout,
+                                                    std::move(group_name));
 }
 
 }  // namespace cpkit

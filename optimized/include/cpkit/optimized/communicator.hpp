@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace cpkit {
 
@@ -16,6 +17,11 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const char* backend() const = 0;
+  // The collective group this mesh speaks for, when meshes are rebuilt around one group (the
+  // Python ops build one per call): state kept per mesh, such as the shapes gather_tokens has
+  // checked, is then kept per group. Group names are created in the same order on every
+  // rank, so all ranks agree on them. "" (the default): this mesh object alone.
+  virtual std::string group_name() const { return ""; }
 
   // recv holds size() * count elements: rank 0's `count` first.
   virtual void all_gather(const void* send, void* recv, std::size_t count, ScalarKind kind) = 0;

@@ -14,8 +14,10 @@ namespace cpkit {
 
 // Wraps `backend`; buffers passed to the mesh must live on `device`. `timeout` (the group's
 // own) only names the limit in the error a dead or stalled peer raises; 0: unknown.
+// `group_name` (c10d's name of the group, if any) becomes Communicator::group_name().
 MeshPtr make_process_group_mesh(c10::intrusive_ptr<c10d::Backend> backend, at::Device device,
-                                std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+                                std::chrono::milliseconds timeout = std::chrono::milliseconds(0),
+                                std::string group_name = "");
 
 // A Gloo world over loopback: `size` processes rendezvous through a FileStore at
 // `store_path`; every collective fails after `timeout` instead of hanging.
