@@ -113,6 +113,11 @@ class NcclCommunicator final : public Communicator {
     watch_->raise_if_failed(operation);
     const cudaStream_t s = static_cast<cudaStream_t>(stream_());
     check(enqueue(s), operation);
+    // Inside CUDA-graph capture the operation runs only at replay, which the watchdog cannot
+    // follow; replays are waited on by the caller.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
+      return;
     cudaEvent_t event = nullptr;
     if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventRecord(event, s) != cudaSuccess) {
