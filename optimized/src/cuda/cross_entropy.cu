@@ -112,10 +112,13 @@ __global__ void __launch_bounds__(kThreads) two_pass_kernel(CrossEntropyArgs a) 
 #define CPKIT_CLUSTER_KERNEL 1
 #endif
 
+// Two blocks per SM (at most 64 registers a thread, 112 KB of shared memory each) keep enough
+// loads in flight to saturate HBM.
 // Block `part` of a cluster of `plan.blocks` handles row blockIdx.x / plan.blocks: the
 // float4s quads_of_block(part) of the aligned middle, plus the head scalars (part 0) and the
 // tail scalars (the last part).
-__global__ void __launch_bounds__(kThreads) cluster_kernel(CrossEntropyArgs a, ClusterPlan plan) {
+__global__ void __launch_bounds__(kThreads, 2)
+    cluster_kernel(CrossEntropyArgs a, ClusterPlan plan) {
 #ifdef CPKIT_CLUSTER_KERNEL
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
