@@ -61,9 +61,10 @@ std::vector<Sharder::Microbatch> bshd_microbatches(const CPBatch& batch, int cp_
 namespace {
 
 // Rows [first_row, first_row + rows) of an int64 [B, S] input whose columns are adjacent
-// (a view in the usual case), as int64.
-at::Tensor int64_rows(const at::Tensor& t, const Sharder::Microbatch& mb) {
-  at::Tensor rows = t.narrow(0, mb.first_row, mb.rows).to(at::kLong);
+// (a view in the usual case), as int64, on `device`.
+at::Tensor int64_rows(const at::Tensor& t, const Sharder::Microbatch& mb,
+                      const at::Device& device) {
+  at::Tensor rows = t.narrow(0, mb.first_row, mb.rows).to(device, at::kLong);
   return rows.stride(1) == 1 ? rows : rows.contiguous();
 }
 
@@ -71,17 +72,24 @@ at::Tensor int64_rows(const at::Tensor& t, const Sharder::Microbatch& mb) {
 
 void fill_bshd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const Layout& l,
                        LocalShard& shard) {
-  const auto on_device = batch.labels.options();
-  const at::Tensor labels = int64_rows(batch.labels, mb);
+  const at::Device device = batch.labels.device();
+#if CPKIT_WITH_CUDA
+  const bool on_gpu = device.is_cuda();
+#else
+  const bool on_gpu = false;  // CUDA tensors take the host pass, then move (as THD's do)
+#endif
+  const at::Device where = on_gpu ? device : at::Device(at::kCPU);
+  const auto out = at::TensorOptions().device(where);
+  const at::Tensor labels = int64_rows(batch.labels, mb, where);
   const at::Tensor mask =
-      batch.attention_mask.defined() ? int64_rows(batch.attention_mask, mb) : at::Tensor();
+      batch.attention_mask.defined() ? int64_rows(batch.attention_mask, mb, where) : at::Tensor();
   const at::Tensor positions =
-      batch.position_ids.defined() ? int64_rows(batch.position_ids, mb) : at::Tensor();
-  shard.position_ids = at::empty({mb.rows, l.local_len}, on_device.dtype(at::kLong));
-  shard.document_ids = at::empty({mb.rows, l.local_len}, on_device.dtype(at::kLong));
-  shard.padding = at::empty({mb.rows, l.local_len}, on_device.dtype(at::kBool));
-  shard.labels = at::empty({mb.rows, l.local_len}, on_device.dtype(at::kLong));
-  shard.valid = at::empty({mb.rows * l.local_len}, on_device.dtype(at::kBool));
+      batch.position_ids.defined() ? int64_rows(batch.position_ids, mb, where) : at::Tensor();
+  shard.position_ids = at::empty({mb.rows, l.local_len}, out.dtype(at::kLong));
+  shard.document_ids = at::empty({mb.rows, l.local_len}, out.dtype(at::kLong));
+  shard.padding = at::empty({mb.rows, l.local_len}, out.dtype(at::kBool));
+  shard.labels = at::empty({mb.rows, l.local_len}, out.dtype(at::kLong));
+  shard.valid = at::empty({mb.rows * l.local_len}, out.dtype(at::kBool));
   kernels::BshdLayoutArgs args{};
   args.labels = labels.data_ptr<int64_t>();
   args.labels_pitch = labels.stride(0);
@@ -102,18 +110,18 @@ void fill_bshd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, cons
   args.padding = shard.padding.data_ptr<bool>();
   args.label = shard.labels.data_ptr<int64_t>();
   args.valid = shard.valid.data_ptr<bool>();
-  if (labels.is_cuda()) {
 #if CPKIT_WITH_CUDA
-    const c10::DeviceGuard on_gpu(labels.device());  // launch on the batch's GPU
+  if (on_gpu) {
+    const c10::DeviceGuard on_device(device);  // launch on the batch's GPU
     kernels::bshd_layout_cuda(args, current_stream(labels));
-#else
-    current_stream(labels);  // raises: built without the CUDA kernels
+  }
 #endif
-  } else {
+  if (!on_gpu) {
     kernels::bshd_layout_cpu(args);
+    move_streams(shard, device);
   }
   if (detail::fault("positions_after_cut"))  // local 0..L-1 instead of the global positions
-    shard.position_ids = at::arange(l.local_len, on_device.dtype(at::kLong))
+    shard.position_ids = at::arange(l.local_len, batch.labels.options().dtype(at::kLong))
                              .expand({mb.rows, l.local_len})
                              .contiguous();
 }

@@ -18,9 +18,7 @@ void check_logits(const at::Tensor& logits) {
   detail::require_defined(logits, "logits");
   detail::require_dim(logits, 3, "logits");
   detail::require_dtype(logits, at::kFloat, "logits");
-  if (!logits.is_contiguous())
-    raise("logits", "must be contiguous (shape ", detail::shape_of(logits), ", strides ",
-          logits.strides(), "); a silent copy of the logits is never made");
+  detail::require_contiguous(logits, "logits");
   if (logits.size(0) == 0 || logits.size(1) == 0)
     raise("logits", "empty batch: shape ", detail::shape_of(logits));
   if (logits.size(2) < 2) raise("logits", "vocabulary size must be >= 2, got ", logits.size(2));
@@ -92,9 +90,7 @@ LossWithGrad shifted_cp_loss_with_grad(const at::Tensor& logits, const at::Tenso
 void scale_loss_gradient_(const at::Tensor& grad_logits, const at::Tensor& upstream) {
   detail::require_defined(grad_logits, "grad_logits");
   detail::require_dtype(grad_logits, at::kFloat, "grad_logits");
-  if (!grad_logits.is_contiguous())
-    raise("grad_logits", "must be contiguous (shape ", detail::shape_of(grad_logits), ", strides ",
-          grad_logits.strides(), ")");
+  detail::require_contiguous(grad_logits, "grad_logits");
   detail::require_defined(upstream, "upstream");
   if (upstream.numel() != 1)
     raise("upstream", "must have one element (the loss is a scalar), got shape ",

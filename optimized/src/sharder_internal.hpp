@@ -24,6 +24,15 @@ void fill_bshd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, cons
 void fill_thd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const Layout& l,
                       LocalShard& shard);
 
+// After a host pass over a batch on another device (a build without the CUDA kernels): the
+// five streams moved to that device.
+inline void move_streams(LocalShard& shard, const at::Device& device) {
+  if (device.is_cpu()) return;
+  for (at::Tensor* t :
+       {&shard.document_ids, &shard.position_ids, &shard.padding, &shard.labels, &shard.valid})
+    *t = t->to(device);
+}
+
 void check_common(const CPBatch& batch, int cp_size, int num_chunks, const PadOptions& pad);
 std::vector<Sharder::Microbatch> bshd_microbatches(const CPBatch& batch, int cp_size,
                                                    int num_chunks, const PadOptions& pad);

@@ -47,6 +47,13 @@ inline void require_dtype(const at::Tensor& t, at::ScalarType dtype, const char*
   if (t.scalar_type() != dtype) raise(argument, "must be ", dtype, ", got ", t.scalar_type());
 }
 
+// Kernels read raw rows: a strided tensor is an error, never silently copied.
+inline void require_contiguous(const at::Tensor& t, const char* argument) {
+  if (!t.is_contiguous())
+    raise(argument, "must be contiguous (shape ", shape_of(t), ", strides ", t.strides(),
+          "); a silent copy is never made");
+}
+
 inline void require_dim(const at::Tensor& t, int64_t dim, const char* argument) {
   if (t.dim() != dim)
     raise(argument, "must have ", dim, " dimensions, got ", t.dim(), " (shape ", shape_of(t), ")");

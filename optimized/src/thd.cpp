@@ -188,10 +188,7 @@ void fill_thd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const
 #endif
   // Host pass (without CUDA kernels, CUDA tensors are computed here, then moved).
   packed_streams_cpu(row_labels.squeeze(0).cpu(), mb, l, shard);
-  if (!device.is_cpu())
-    for (at::Tensor* t :
-         {&shard.document_ids, &shard.position_ids, &shard.padding, &shard.labels, &shard.valid})
-      *t = t->to(device);
+  move_streams(shard, device);
   // Planted bugs (test-only twin): corrupt the layout, then derive labels and valid from it.
   const bool positions_global = detail::fault("packed_positions_global");
   const bool padding_tail_only = detail::fault("padding_row_tail_only");

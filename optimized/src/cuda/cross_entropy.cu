@@ -135,18 +135,26 @@ __global__ void __launch_bounds__(kThreads, 2)
   const auto t = static_cast<std::int64_t>(threadIdx.x);
   const std::int64_t head_k = first && t < span.head ? t : -1;
   const std::int64_t tail_k = last && t < span.tail ? tail_begin + t : -1;
+  // Quad i of the gradient: one evict-first 16-byte store (the gradient is not read again
+  // here) when its row shares the logits' alignment, else four scalar stores.
+  float4* g4 = reinterpret_cast<float4*>(g + span.head);
+  const bool aligned = reinterpret_cast<std::uintptr_t>(g4) % 16 == 0;
+  auto store = [&](std::int64_t i, float4 d) {
+    if (aligned) {
+      __stcs(g4 + i, d);
+    } else {
+      const std::int64_t k = span.head + 4 * i;
+      g[k] = d.x;
+      g[k + 1] = d.y;
+      g[k + 2] = d.z;
+      g[k + 3] = d.w;
+    }
+  };
   if (first && threadIdx.x == 0 && row == 0) *a.scale = loss_scale(a.cp, *a.count);
   if (target == kIgnoreLabel || !in_vocabulary(target, a.vocab)) {
     const float value = target == kIgnoreLabel ? 0.0f : NAN;
-    float4* g4 = reinterpret_cast<float4*>(g + span.head);
-    const bool aligned = reinterpret_cast<std::uintptr_t>(g4) % 16 == 0;
-    for (std::int64_t i = mine.begin + threadIdx.x; i < mine.end; i += kThreads) {
-      if (aligned) {
-        __stcs(g4 + i, make_float4(value, value, value, value));
-      } else {
-        for (int j = 0; j < 4; ++j) g[span.head + 4 * i + j] = value;
-      }
-    }
+    for (std::int64_t i = mine.begin + threadIdx.x; i < mine.end; i += kThreads)
+      store(i, make_float4(value, value, value, value));
     if (head_k >= 0) g[head_k] = value;
     if (tail_k >= 0) g[tail_k] = value;
     if (first && threadIdx.x == 0) a.row_loss[row] = value;
@@ -190,21 +198,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto grad_at = [&](float v, std::int64_t k) {
     return cross_entropy_grad(v, k == target, row_max, ls, a.softcap, scale);
   };
-  float4* g4 = reinterpret_cast<float4*>(g + span.head);
-  const bool aligned = reinterpret_cast<std::uintptr_t>(g4) % 16 == 0;
   for (std::int64_t i = mine.begin + threadIdx.x; i < mine.end; i += kThreads) {
     const float4 v = part_of_row[i - mine.begin];
     const std::int64_t k = span.head + 4 * i;
-    const float4 d =
-        make_float4(grad_at(v.x, k), grad_at(v.y, k + 1), grad_at(v.z, k + 2), grad_at(v.w, k + 3));
-    if (aligned) {
-      __stcs(g4 + i, d);  // evict-first: the gradient is not read again here
-    } else {
-      g[k] = d.x;
-      g[k + 1] = d.y;
-      g[k + 2] = d.z;
-      g[k + 3] = d.w;
-    }
+    store(i, make_float4(grad_at(v.x, k), grad_at(v.y, k + 1), grad_at(v.z, k + 2),
+                         grad_at(v.w, k + 3)));
   }
   if (head_k >= 0) g[head_k] = grad_at(head_z, head_k);
   if (tail_k >= 0) g[tail_k] = grad_at(tail_z, tail_k);

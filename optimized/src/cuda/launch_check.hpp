@@ -9,18 +9,14 @@
 
 namespace cpkit::kernels {
 
-inline void check_launch(const char* kernel) {
-  const cudaError_t error = cudaGetLastError();
+// A CUDA runtime call on the launch path (an attribute, cudaLaunchKernelEx).
+inline void check_cuda(cudaError_t error, const std::string& what) {
   if (error != cudaSuccess)
-    throw std::runtime_error(std::string("cpkit: launching the CUDA kernel ") + kernel +
-                             " failed: " + cudaGetErrorString(error));
+    throw std::runtime_error("cpkit: " + what + " failed: " + cudaGetErrorString(error));
 }
 
-// A CUDA runtime call on the launch path (an attribute, cudaLaunchKernelEx).
-inline void check_cuda(cudaError_t error, const char* what) {
-  if (error != cudaSuccess)
-    throw std::runtime_error(std::string("cpkit: ") + what +
-                             " failed: " + cudaGetErrorString(error));
+inline void check_launch(const char* kernel) {
+  check_cuda(cudaGetLastError(), std::string("launching the CUDA kernel ") + kernel);
 }
 
 }  // namespace cpkit::kernels
