@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <exception>
 #include <functional>
 
 #include "bench_util.hpp"
@@ -66,6 +67,18 @@ void BM_GpuCE_Optimized(benchmark::State& state) {
 void BM_GpuCE_TwoPass(benchmark::State& state) {
   cpkit::kernels::set_cuda_cross_entropy_kernel(cpkit::kernels::CrossEntropyKernel::kTwoPass);
   BM_GpuCE_Optimized(state);
+  cpkit::kernels::set_cuda_cross_entropy_kernel(cpkit::kernels::CrossEntropyKernel::kAuto);
+}
+
+// The cluster kernel forced (it raises instead of falling back): a number under this name is
+// the one-read kernel's, whatever "auto" chose above.
+void BM_GpuCE_Cluster(benchmark::State& state) {
+  cpkit::kernels::set_cuda_cross_entropy_kernel(cpkit::kernels::CrossEntropyKernel::kCluster);
+  try {
+    BM_GpuCE_Optimized(state);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
   cpkit::kernels::set_cuda_cross_entropy_kernel(cpkit::kernels::CrossEntropyKernel::kAuto);
 }
 
@@ -214,6 +227,7 @@ void ce_shapes(benchmark::internal::Benchmark* b) {
       ->Iterations(10);
 }
 BENCHMARK(BM_GpuCE_Optimized)->Apply(ce_shapes);
+BENCHMARK(BM_GpuCE_Cluster)->Apply(ce_shapes);
 BENCHMARK(BM_GpuCE_TwoPass)->Apply(ce_shapes);
 BENCHMARK(BM_GpuCE_Torch)->Apply(ce_shapes);
 BENCHMARK(BM_GpuCopy)

@@ -7,10 +7,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/nccl_mesh.hpp"
@@ -41,30 +45,34 @@ StepOut step(const CPBatch& batch, const at::Tensor& logits, const at::Tensor& u
   return out;
 }
 
-TEST(NoHostSync, CpStepCapturesIntoACudaGraph) {
-  const std::string store = "/tmp/cpkit-nccl-graph-" + std::to_string(getpid());
-  const MeshPtr mesh = make_nccl_mesh_from_store(store, 0, 1, 0);
+struct StepInputs {
+  CPBatch batch;
+  at::Tensor logits, upstream;
+};
+
+StepInputs step_inputs() {
   at::manual_seed(5);
   const auto on_gpu = at::TensorOptions().device(kCuda);
-  CPBatch batch;
-  batch.inputs_embeds = at::randn({4, 37, 16}, on_gpu);
-  batch.labels = at::randint(0, 300, {4, 37}, on_gpu.dtype(at::kLong));
-  batch.attention_mask = (at::rand({4, 37}, on_gpu) > 0.2).to(at::kLong);
-  const int64_t local_len = shard_layout(37, 4, 1).local_len;
-  const at::Tensor logits = at::randn({4, local_len, 300}, on_gpu) * 3;
-  const at::Tensor upstream = at::full({}, 0.5, on_gpu);
+  StepInputs in;
+  in.batch.inputs_embeds = at::randn({4, 37, 16}, on_gpu);
+  in.batch.labels = at::randint(0, 300, {4, 37}, on_gpu.dtype(at::kLong));
+  in.batch.attention_mask = (at::rand({4, 37}, on_gpu) > 0.2).to(at::kLong);
+  in.logits = at::randn({4, shard_layout(37, 4, 1).local_len, 300}, on_gpu) * 3;
+  in.upstream = at::full({}, 0.5, on_gpu);
+  return in;
+}
 
-  const StepOut eager = step(batch, logits, upstream, mesh);
-
-  // Capture needs a side stream; thread-local mode lets the NCCL watchdog thread keep
-  // polling its events while this thread captures.
+// Captures one step on a side stream in `mode`, replays it, and compares with the eager step.
+void expect_capture_replays_eager(const MeshPtr& mesh, const StepInputs& in,
+                                  cudaStreamCaptureMode mode) {
+  const StepOut eager = step(in.batch, in.logits, in.upstream, mesh);
   const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
   at::cuda::CUDAGraph graph;
   StepOut captured;
   {
     const c10::cuda::CUDAStreamGuard on_side(side);
-    graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
-    captured = step(batch, logits, upstream, mesh);  // throws on any synchronisation
+    graph.capture_begin({0, 0}, mode);
+    captured = step(in.batch, in.logits, in.upstream, mesh);  // throws on any synchronisation
     graph.capture_end();
   }
   graph.replay();
@@ -73,6 +81,44 @@ TEST(NoHostSync, CpStepCapturesIntoACudaGraph) {
   EXPECT_TRUE(at::allclose(captured.loss, eager.loss, 1e-6, 0));
   EXPECT_TRUE(at::allclose(captured.grad, eager.grad, 1e-6, 0));
   EXPECT_GT(eager.grad.abs().sum().item<float>(), 0.0f);  // the step did real work
+}
+
+TEST(NoHostSync, CpStepCapturesIntoACudaGraph) {
+  const std::string store = "/tmp/cpkit-nccl-graph-" + std::to_string(getpid());
+  const MeshPtr mesh = make_nccl_mesh_from_store(store, 0, 1, 0);
+  expect_capture_replays_eager(mesh, step_inputs(), cudaStreamCaptureModeThreadLocal);
+  unlink(store.c_str());
+}
+
+// torch.cuda.graph captures in global mode, where another thread's "unsafe" CUDA call (an
+// event query) invalidates the capture. The NCCL watchdog polls its events from its own
+// thread: with an eager collective still pending (queued behind a ~0.2 s spin) while this
+// thread captures, the capture must survive the watchdog's queries.
+TEST(NoHostSync, GlobalModeCaptureSurvivesThePendingWatchdog) {
+  const std::string store = "/tmp/cpkit-nccl-global-" + std::to_string(getpid());
+  const MeshPtr mesh = make_nccl_mesh_from_store(store, 0, 1, 0);
+  const StepInputs in = step_inputs();
+  const at::Tensor x = at::arange(64, at::TensorOptions().dtype(at::kFloat).device(kCuda));
+  at::Tensor y = at::empty_like(x);
+  at::cuda::sleep(400'000'000);  // ~0.2 s at 2 GHz on the current stream
+  mesh->all_gather(x.data_ptr(), y.data_ptr(), 64, ScalarKind::kFloat32);  // watched, pending
+  const StepOut eager = step(in.batch, in.logits, in.upstream, mesh);
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
+  at::cuda::CUDAGraph graph;
+  StepOut captured;
+  {
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    graph.capture_begin({0, 0}, cudaStreamCaptureModeGlobal);
+    captured = step(in.batch, in.logits, in.upstream, mesh);
+    // Long enough for several watchdog polls (every 20 ms) of the pending event.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    graph.capture_end();
+  }
+  graph.replay();
+  side.synchronize();
+  EXPECT_TRUE(at::equal(y.cpu(), x.cpu()));
+  EXPECT_TRUE(at::allclose(captured.loss, eager.loss, 1e-6, 0));
+  EXPECT_TRUE(at::allclose(captured.grad, eager.grad, 1e-6, 0));
   unlink(store.c_str());
 }
 

@@ -131,7 +131,7 @@ class NcclCommunicator final : public Communicator {
     return {
         .done =
             [this](void* event) {
-              on_device();
+              prepare_watch_thread();
               // Any answer but "not ready" ends the wait: errors surface on the stream.
               return cudaEventQuery(static_cast<cudaEvent_t>(event)) != cudaErrorNotReady;
             },
@@ -151,9 +151,18 @@ class NcclCommunicator final : public Communicator {
     };
   }
 
-  void on_device() const {
+  // Runs on the watchdog thread before each query: the communicator's device, and
+  // thread-local capture mode, so its event queries never invalidate a global-mode CUDA-graph
+  // capture (torch.cuda.graph's default) running on another thread, as PyTorch's own NCCL
+  // watchdog does.
+  void prepare_watch_thread() const {
     thread_local int current = -1;
     if (current != device_ && cudaSetDevice(device_) == cudaSuccess) current = device_;
+    thread_local bool thread_local_mode = false;
+    if (!thread_local_mode) {
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+      thread_local_mode = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+    }
   }
 
   ncclComm_t comm_;
