@@ -52,6 +52,24 @@ int64_t chunk_rows_of(const LinearLossOptions& options, int64_t vocab, int64_t r
                                 : default_linear_loss_chunk_rows(vocab, rows, cuda);
 }
 
+// grad_weight (fp32) = or += g^T h. bf16 g and h: products and sums in fp32, never rounded
+// to bf16 between chunks; on CUDA one bf16 tensor-core GEMM with fp32 output (an fp32 GEMM of
+// upcast copies runs ~10x slower there), on the CPU the same values through an fp32 GEMM.
+void accumulate_grad_weight(at::Tensor& grad_weight, const at::Tensor& g, const at::Tensor& h,
+                            bool first) {
+  if (g.scalar_type() == at::kFloat || !g.is_cuda()) {
+    const at::Tensor g32 = g.to(at::kFloat), h32 = h.to(at::kFloat);
+    if (first)
+      at::mm_out(grad_weight, g32.t(), h32);
+    else
+      grad_weight.addmm_(g32.t(), h32);
+  } else if (first) {
+    at::mm_out(grad_weight, g.t(), h, at::kFloat);
+  } else {
+    at::addmm_out(grad_weight, grad_weight, g.t(), h, at::kFloat);
+  }
+}
+
 LinearLossWithGrad fused_linear_loss(const at::Tensor& hidden, const at::Tensor& weight,
                                      const detail::Targets& t, int64_t cp,
                                      const LinearLossOptions& options, LinearLossGrads want) {
@@ -79,21 +97,14 @@ LinearLossWithGrad fused_linear_loss(const at::Tensor& hidden, const at::Tensor&
       z.copy_(at::mm(h, w_t));  // the bf16 head's logits, then fp32 (HF's logits.float())
     detail::cross_entropy_rows(z, targets.narrow(0, begin, n), t.count, cp, options.softcap, z,
                                row_loss.narrow(0, begin, n), scale);
-    // z now holds d loss / d logits of these rows.
+    // z now holds d loss / d logits of these rows. A bf16 head's matmuls take it rounded to
+    // bf16, as autograd of HF's logits.float() hands it to the head's matmul.
+    const at::Tensor g = fp32 ? z : z.to(weight.scalar_type());
     if (want.hidden) {
       at::Tensor out = grad_hidden.narrow(0, begin, n);
-      if (fp32)
-        at::mm_out(out, z, weight);
-      else
-        out.copy_(at::mm(z.to(weight.scalar_type()), weight));
+      at::mm_out(out, g, weight);
     }
-    if (want.weight) {
-      const at::Tensor h32 = fp32 ? h : h.to(at::kFloat);
-      if (begin == 0)
-        at::mm_out(grad_weight, z.t(), h32);
-      else
-        grad_weight.addmm_(z.t(), h32);
-    }
+    if (want.weight) accumulate_grad_weight(grad_weight, g, h, begin == 0);
   }
   LinearLossWithGrad out;
   out.loss = detail::scaled_loss(row_loss, scale);

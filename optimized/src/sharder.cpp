@@ -73,10 +73,8 @@ LocalShard Sharder::local(int index, int rank) const {
   const Microbatch& mb = microbatch(index);
   LocalShard shard;
   shard.layout = l;
-  if (mb.packed)
-    detail::fill_thd_streams(batch_, mb, l, shard);
-  else
-    detail::fill_bshd_streams(batch_, mb, l, shard);
+  // The primary stream first: on a GPU its copy (the bulk of the bytes) is queued before the
+  // small token-stream launches, which the host then dispatches while it runs.
   if (shard_primary_) {
     if (batch_.input_ids.defined())
       shard.input_ids = cut_columns(batch_.input_ids.narrow(0, mb.first_row, mb.rows), l,
@@ -85,6 +83,10 @@ LocalShard Sharder::local(int index, int rank) const {
       shard.inputs_embeds =
           cut_columns(batch_.inputs_embeds.narrow(0, mb.first_row, mb.rows), l, 0.0);
   }
+  if (mb.packed)
+    detail::fill_thd_streams(batch_, mb, l, shard);
+  else
+    detail::fill_bshd_streams(batch_, mb, l, shard);
   return shard;
 }
 

@@ -143,8 +143,8 @@ TEST(CudaLinearLoss, EqualsCpu) {
     const at::Tensor valid = at::ones({74}, at::kBool);
     LinearLossOptions options;
     options.chunk_rows = 24;
-    const auto cpu = shifted_cp_linear_loss_with_grad(
-        hidden.to(at::kFloat), weight.to(at::kFloat), labels, valid, nullptr, options);
+    const auto cpu = shifted_cp_linear_loss_with_grad(hidden.to(at::kFloat), weight.to(at::kFloat),
+                                                      labels, valid, nullptr, options);
     const auto gpu = shifted_cp_linear_loss_with_grad(
         hidden.to(kCuda), weight.to(kCuda), labels.to(kCuda), valid.to(kCuda), nullptr, options);
     if (dtype == at::kFloat) {

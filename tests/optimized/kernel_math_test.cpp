@@ -84,6 +84,32 @@ TEST(KernelMath, SplitRowStatisticsMergeToOnePass) {
   }
 }
 
+// The CUDA kernels' per-float4 update equals four single updates: same max, the same sum up
+// to rounding, masked logits weighing nothing, an all-masked quad leaving the state as is.
+TEST(KernelMath, QuadUpdateEqualsFourSingleUpdates) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 8.0f);
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::size_t quads = 1 + rng() % 700;
+    std::vector<float> x(4 * quads);
+    for (float& v : x) v = rng() % 4 == 0 ? -INFINITY : normal(rng);
+    OnlineSoftmax four = online_empty();
+    for (std::size_t q = 0; q < quads; ++q)
+      online_add4(four, x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
+    const OnlineSoftmax single = one_pass(x, 0, x.size());
+    EXPECT_EQ(four.max, single.max) << "trial " << trial;
+    EXPECT_NEAR(four.sum, single.sum, 2e-6 * single.sum) << "trial " << trial;
+    ASSERT_FALSE(std::isnan(four.sum)) << "trial " << trial;
+  }
+  OnlineSoftmax s = online_empty();
+  online_add4(s, -INFINITY, -INFINITY, -INFINITY, -INFINITY);
+  EXPECT_EQ(s.max, -INFINITY);
+  EXPECT_EQ(s.sum, 0.0f);
+  online_add4(s, 1.0f, -INFINITY, -INFINITY, -INFINITY);
+  EXPECT_EQ(s.max, 1.0f);
+  EXPECT_EQ(s.sum, 1.0f);
+}
+
 // The CUDA kernel's split of a row into a scalar head, aligned float4s and a scalar tail,
 // for every row start a float can have and vocabularies that are not multiples of 4.
 TEST(KernelMath, VectorSpanCoversTheRowWithAlignedQuads) {

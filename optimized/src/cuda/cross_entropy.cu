@@ -77,10 +77,8 @@ __global__ void __launch_bounds__(kThreads) two_pass_kernel(CrossEntropyArgs a) 
   OnlineSoftmax s = online_empty();
   for (std::int64_t i = threadIdx.x; i < span.quads; i += kThreads) {
     const float4 v = z4[i];
-    online_add(s, capped(v.x, a.softcap));
-    online_add(s, capped(v.y, a.softcap));
-    online_add(s, capped(v.z, a.softcap));
-    online_add(s, capped(v.w, a.softcap));
+    online_add4(s, capped(v.x, a.softcap), capped(v.y, a.softcap), capped(v.z, a.softcap),
+                capped(v.w, a.softcap));
   }
   for (std::int64_t i = threadIdx.x; i < span.head + span.tail; i += kThreads)
     online_add(s, capped(z[i < span.head ? i : tail_begin + i - span.head], a.softcap));
@@ -174,10 +172,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (std::int64_t i = mine.begin + threadIdx.x; i < mine.end; i += kThreads) {
     const float4 v = __ldcs(z4 + i);
     part_of_row[i - mine.begin] = v;
-    online_add(s, capped(v.x, a.softcap));
-    online_add(s, capped(v.y, a.softcap));
-    online_add(s, capped(v.z, a.softcap));
-    online_add(s, capped(v.w, a.softcap));
+    online_add4(s, capped(v.x, a.softcap), capped(v.y, a.softcap), capped(v.z, a.softcap),
+                capped(v.w, a.softcap));
   }
   __shared__ OnlineSoftmax part_stats;
   const OnlineSoftmax merged = block_merge(s);
