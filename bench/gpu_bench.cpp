@@ -63,15 +63,8 @@ void BM_GpuCE_Optimized(benchmark::State& state) {
   cpkit::bench::set_bytes(state, 8.0 * static_cast<double>(in.logits.numel()));
 }
 
-// The same with the two-pass kernel forced: what the cluster kernel's single HBM read saves.
-void BM_GpuCE_TwoPass(benchmark::State& state) {
-  cpkit::kernels::set_cuda_cross_entropy_kernel(cpkit::kernels::CrossEntropyKernel::kTwoPass);
-  BM_GpuCE_Optimized(state);
-  cpkit::kernels::set_cuda_cross_entropy_kernel(cpkit::kernels::CrossEntropyKernel::kAuto);
-}
-
-// The cluster kernel forced (it raises instead of falling back): a number under this name is
-// the one-read kernel's, whatever "auto" chose above.
+// The cluster kernel (asked for; it raises instead of falling back) next to the default
+// two-pass one above.
 void BM_GpuCE_Cluster(benchmark::State& state) {
   cpkit::kernels::set_cuda_cross_entropy_kernel(cpkit::kernels::CrossEntropyKernel::kCluster);
   try {
@@ -228,7 +221,6 @@ void ce_shapes(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_GpuCE_Optimized)->Apply(ce_shapes);
 BENCHMARK(BM_GpuCE_Cluster)->Apply(ce_shapes);
-BENCHMARK(BM_GpuCE_TwoPass)->Apply(ce_shapes);
 BENCHMARK(BM_GpuCE_Torch)->Apply(ce_shapes);
 BENCHMARK(BM_GpuCopy)
     ->Arg(int64_t{8} << 30)            // 4 T V bytes of [16384, 131072] fp32 logits

@@ -23,11 +23,11 @@ struct CrossEntropyArgs {
 };
 
 void cross_entropy_cpu(const CrossEntropyArgs& args);
-// Enqueues on `stream` (a cudaStream_t); defined only when CUDA is built. Takes the cluster
-// kernel where cluster_plan allows it, else the two-pass kernel (kernels/cluster_plan.hpp).
+// Enqueues on `stream` (a cudaStream_t); defined only when CUDA is built. Takes the two-pass
+// kernel unless the cluster kernel is asked for (kernels/cluster_plan.hpp).
 void cross_entropy_cuda(const CrossEntropyArgs& args, void* stream);
-// Process-wide override of that choice (tests and benchmarks); kCluster raises where the
-// device or the vocabulary does not allow it. CUDA builds only.
+// Process-wide choice (tests and benchmarks): kAuto and kTwoPass take the two-pass kernel;
+// kCluster raises where the device or the vocabulary does not allow it. CUDA builds only.
 void set_cuda_cross_entropy_kernel(CrossEntropyKernel kernel);
 
 }  // namespace cpkit::kernels
