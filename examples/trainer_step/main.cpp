@@ -131,9 +131,10 @@ int main() {
     std::printf(
         "rank %d/%d: tokens [%lld, %lld), local loss %.6f, mean over CP %.6f, single device "
         "%.6f, |loss diff| %.2e, max |grad diff| %.2e: %s\n",
-        env.cp_rank, cp, static_cast<long long>(shard.layout.begin),
-        static_cast<long long>(shard.layout.end), loss.item<double>(), mean_loss.item<double>(),
-        truth.item<double>(), loss_diff, grad_diff, ok ? "OK" : "MISMATCH");
+        env.cp_rank, cp, static_cast<long long>(shard.layout.fragments.front().begin),
+        static_cast<long long>(shard.layout.fragments.back().end), loss.item<double>(),
+        mean_loss.item<double>(), truth.item<double>(), loss_diff, grad_diff,
+        ok ? "OK" : "MISMATCH");
     return ok ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "trainer_step: %s\n", e.what());

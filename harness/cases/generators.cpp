@@ -153,11 +153,18 @@ rc::Gen<PackedCase> gen_packed_case() {
 }
 
 ShardOptions options_of(const BshdCase& c) {
-  return {c.cp, c.num_chunks, c.pad_multiple, c.pad_token_id, c.shard_primary};
+  return {c.cp, c.num_chunks, c.pad_multiple, c.pad_token_id, c.shard_primary, c.layout};
 }
 
 ShardOptions options_of(const PackedCase& c) {
-  return {c.cp, static_cast<int>(c.rows.size()), c.pad_multiple, c.pad_token_id, c.shard_primary};
+  return {c.cp,    static_cast<int>(c.rows.size()), c.pad_multiple, c.pad_token_id, c.shard_primary,
+          c.layout};
+}
+
+rc::Gen<std::string> gen_bshd_layout() { return rc::gen::just(std::string("head_tail")); }
+
+rc::Gen<std::string> gen_packed_layout() {
+  return rc::gen::element(std::string("head_tail"), std::string("balanced"));
 }
 
 BshdBatch make_batch(const BshdCase& c) {
@@ -241,7 +248,7 @@ void showValue(const PackedCase& c, std::ostream& os) {
     os << "]";
   }
   os << "] tail=" << c.tail << " sentinels=" << c.sentinels << " ignore%=" << c.ignore_percent
-     << " logit_scale=" << c.logit_scale << " seed=" << c.seed << "}";
+     << " logit_scale=" << c.logit_scale << " seed=" << c.seed << " layout=" << c.layout << "}";
 }
 
 RankLossInputs cut_for_ranks(const FloatMatrix& global, const reference::Sharder& s, int m) {
@@ -252,8 +259,9 @@ RankLossInputs cut_for_ranks(const FloatMatrix& global, const reference::Sharder
     const reference::LocalShard l = s.local(m, r);
     FloatMatrix mine(rows * l.layout.local_len, global.cols());
     for (Eigen::Index b = 0; b < rows; ++b)
-      mine.middleRows(b * l.layout.local_len, l.layout.local_len) =
-          global.middleRows(b * g.padded_len + l.layout.begin, l.layout.local_len);
+      for (Eigen::Index j = 0; j < l.layout.local_len; ++j)  // the layout's tokens, in order
+        mine.row(b * l.layout.local_len + j) =
+            global.row(b * g.padded_len + l.layout.positions[static_cast<std::size_t>(j)]);
     out.values.push_back(mine);
     out.labels.push_back(l.labels);
     out.valid.push_back(l.valid);

@@ -37,6 +37,7 @@ struct BshdCase {
   int ignore_percent = 0;  // share of labels set to -100; 100 = all ignored
   float logit_scale = 1;   // up to 1e4 to stress the softmax
   std::uint64_t seed = 0;
+  std::string layout = "contiguous";  // SPEC 2b
 };
 
 struct Doc {
@@ -58,6 +59,7 @@ struct PackedCase {
   int ignore_percent = 0;
   float logit_scale = 1;
   std::uint64_t seed = 0;
+  std::string layout = "contiguous";  // SPEC 2b
 };
 
 // Vocabulary sizes weighted to the edges of every blocking in the kernels (the CPU kernel's
@@ -71,6 +73,9 @@ rc::Gen<BshdCase> gen_bshd_case();
 // BSHD cases whose mask varlen offsets can express: left/right padding, increasing positions.
 rc::Gen<BshdCase> gen_attention_bshd_case();
 rc::Gen<PackedCase> gen_packed_case();
+// A layout other than "contiguous" that applies to the case's format.
+rc::Gen<std::string> gen_bshd_layout();
+rc::Gen<std::string> gen_packed_layout();
 
 BshdBatch make_batch(const BshdCase& c);
 PackedBatch make_batch(const PackedCase& c);

@@ -22,8 +22,8 @@ at::Tensor to_tensor(const reference::IntMatrix& m) {
 // One line per stream: name then the values of the shard's single row.
 std::string serialise(const LocalShard& s, float loss) {
   std::ostringstream os;
-  os << s.layout.begin << " " << s.layout.end << " " << s.layout.padded_len << " "
-     << s.layout.seq_len << " " << s.layout.local_len << "\n";
+  os << s.layout.fragments.front().begin << " " << s.layout.fragments.back().end << " "
+     << s.layout.padded_len << " " << s.layout.seq_len << " " << s.layout.local_len << "\n";
   for (const at::Tensor& t : {s.input_ids, s.labels, s.position_ids, s.document_ids,
                               s.padding.to(at::kLong), s.valid.to(at::kLong)}) {
     const at::Tensor row = t.flatten().contiguous();
@@ -91,7 +91,8 @@ std::string run_rank(const DemoInputs& in, const MeshPtr& mesh) {
   const Sharder sharder = prepare_packed_cp_inputs(in.batch, mesh, /*num_chunks=*/1);
   const LocalShard shard = sharder.local(0);
   const at::Tensor local_logits =
-      in.logits.narrow(1, shard.layout.begin, shard.layout.local_len).contiguous();
+      in.logits.narrow(1, shard.layout.fragments.front().begin, shard.layout.local_len)
+          .contiguous();
   const at::Tensor loss = shifted_cp_loss(local_logits, shard.labels, shard.valid, mesh);
   return serialise(shard, loss.item<float>());
 }

@@ -25,10 +25,11 @@ reference::FloatMatrix attention_input(const PackedCase& c, Input input, Eigen::
 // through gather_tokens' reduce-scatter. Payload: head then a one-row packed case.
 const RankTask attention("attention", [](const std::string& p, const MeshPtr& mesh, int) {
   const auto [head, c] = decode_with<PackedCase, int64_t>(p);
-  const Sharder s = prepare_packed_cp_inputs(to_cp_batch(make_batch(c)), mesh, 1, true,
-                                             {c.pad_multiple, c.pad_token_id});
+  const Sharder s =
+      prepare_packed_cp_inputs(to_cp_batch(make_batch(c)), mesh, 1, true, pad_of(options_of(c)));
   const LocalShard shard = s.local(0);
-  const int64_t T = shard.layout.padded_len, b = shard.layout.begin, n = shard.layout.local_len;
+  const int64_t T = shard.layout.padded_len, b = shard.layout.fragments.front().begin,
+                n = shard.layout.local_len;
   auto local = [&](Input input) { return to_tensor(attention_input(c, input, T, head, b, n)); };
   const at::Tensor q = local(Input::kQuery).requires_grad_(true);
   const at::Tensor k = local(Input::kKey).requires_grad_(true);
@@ -69,7 +70,7 @@ RC_GTEST_PROP(OptimizedAttention, CpAttentionEqualsReference, ()) {
   std::vector<reference::FloatMatrix> d_out;
   for (int r = 0; r < c.cp; ++r) {
     const reference::LocalShard l = s.local(0, r);
-    const auto b = l.layout.begin, n = l.layout.local_len;
+    const auto b = l.layout.fragments.front().begin, n = l.layout.local_len;
     auto cut = [&](Input input) { return attention_input(c, input, T, head, b, n); };
     ranks.push_back({cut(Input::kQuery),
                      cut(Input::kKey),

@@ -10,7 +10,7 @@ std::string encode(const BshdCase& c) {
      << c.pad_multiple << " " << c.hidden << " " << c.vocab << " " << c.use_embeds << " "
      << c.use_mask << " " << c.use_positions << " " << c.shard_primary << " " << c.pad_token_id
      << " " << c.ignore_percent << " " << c.logit_scale << " " << c.seed << " " << c.edge_mask_only
-     << " " << c.increasing_positions;
+     << " " << c.increasing_positions << " " << c.layout;
   return os.str();
 }
 
@@ -20,7 +20,7 @@ BshdCase decode_bshd(const std::string& text) {
   in >> c.cp >> c.num_chunks >> c.rows_per_chunk >> c.seq_len >> c.pad_multiple >> c.hidden >>
       c.vocab >> c.use_embeds >> c.use_mask >> c.use_positions >> c.shard_primary >>
       c.pad_token_id >> c.ignore_percent >> c.logit_scale >> c.seed >> c.edge_mask_only >>
-      c.increasing_positions;
+      c.increasing_positions >> c.layout;
   return c;
 }
 
@@ -28,7 +28,8 @@ std::string encode(const PackedCase& c) {
   std::ostringstream os;
   os << c.cp << " " << c.pad_multiple << " " << c.hidden << " " << c.vocab << " " << c.use_embeds
      << " " << c.shard_primary << " " << c.pad_token_id << " " << c.tail << " " << c.sentinels
-     << " " << c.ignore_percent << " " << c.logit_scale << " " << c.seed << " " << c.rows.size();
+     << " " << c.ignore_percent << " " << c.logit_scale << " " << c.seed << " " << c.layout << " "
+     << c.rows.size();
   for (const auto& row : c.rows) {
     os << " " << row.size();
     for (const auto& d : row) os << " " << d.length << " " << d.extra;
@@ -42,7 +43,7 @@ PackedCase decode_packed(const std::string& text) {
   std::size_t rows = 0;
   in >> c.cp >> c.pad_multiple >> c.hidden >> c.vocab >> c.use_embeds >> c.shard_primary >>
       c.pad_token_id >> c.tail >> c.sentinels >> c.ignore_percent >> c.logit_scale >> c.seed >>
-      rows;
+      c.layout >> rows;
   c.rows.resize(rows);
   for (auto& row : c.rows) {
     std::size_t docs = 0;

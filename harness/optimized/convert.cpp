@@ -53,4 +53,17 @@ CPBatch to_cp_batch(const reference::PackedBatch& b) {
   return out;
 }
 
+PadOptions pad_of(const reference::ShardOptions& o) {
+  return {o.pad_multiple, o.pad_token_id, layout_kind(o.layout)};
+}
+
+at::Tensor layout_positions_of(const Layout& layout) {
+  return at::tensor(layout_positions(*layout.plan, layout.rank), at::kLong);
+}
+
+reference::LayoutPositions reference_layout(const reference::Sharder& s, int m) {
+  if (s.options().layout == "contiguous") return {};
+  return s.global(m).owned;
+}
+
 }  // namespace cpkit::harness

@@ -69,7 +69,10 @@ std::string linear_task(const Case& c, const Sharder& sharder, const LinearParam
     const int64_t rows = s.labels.size(0);
     const at::Tensor global = to_tensor(global_hidden(c, p, rows, s.layout.padded_len, m))
                                   .view({rows, s.layout.padded_len, p.hidden});
-    at::Tensor hidden = global.narrow(1, s.layout.begin, s.layout.local_len);
+    // One fragment: a (non-contiguous) view of the global rows; several: their tokens.
+    at::Tensor hidden = s.layout.fragments.size() == 1
+                            ? global.narrow(1, s.layout.fragments.front().begin, s.layout.local_len)
+                            : global.index_select(1, layout_positions_of(s.layout));
     if (p.contiguous_hidden) hidden = hidden.contiguous();
     const at::Tensor weight = to_tensor(head_weight(c, p));
     hidden.requires_grad_(p.wanted != Wanted::kWeight);
@@ -77,6 +80,7 @@ std::string linear_task(const Case& c, const Sharder& sharder, const LinearParam
     LinearLossOptions options;
     options.softcap = p.softcap;
     options.chunk_rows = p.chunk_rows;
+    options.layout = s.layout.plan;
     const at::Tensor loss =
         shifted_cp_linear_loss(hidden, weight, s.labels, s.valid, mesh, options);
     const at::Tensor upstream = at::full({}, p.upstream, loss.options());
@@ -94,7 +98,7 @@ const RankTask linear_loss_bshd("linear_loss_bshd", [](const std::string& text, 
                                                        int) {
   const auto [p, c] = decode_with<BshdCase, LinearParams>(text);
   const Sharder s = prepare_cp_inputs(to_cp_batch(make_batch(c)), mesh, c.num_chunks, true,
-                                      {c.pad_multiple, c.pad_token_id});
+                                      pad_of(options_of(c)));
   return linear_task(c, s, p, mesh);
 });
 
@@ -103,7 +107,7 @@ const RankTask linear_loss_packed("linear_loss_packed", [](const std::string& te
   const auto [p, c] = decode_with<PackedCase, LinearParams>(text);
   const Sharder s =
       prepare_packed_cp_inputs(to_cp_batch(make_batch(c)), mesh, static_cast<int>(c.rows.size()),
-                               true, {c.pad_multiple, c.pad_token_id});
+                               true, pad_of(options_of(c)));
   return linear_task(c, s, p, mesh);
 });
 
@@ -117,8 +121,8 @@ void check_linear_loss(const Case& c, const reference::Sharder& s, const RankTas
     const auto rows = g.labels.rows();
     const reference::FloatMatrix global = global_hidden(c, p, rows, g.padded_len, m);
     const RankLossInputs in = cut_for_ranks(global, s, m);
-    const auto ref =
-        reference::shifted_cp_linear_loss(in.values, weight, in.labels, in.valid, {p.softcap});
+    const auto ref = reference::shifted_cp_linear_loss(in.values, weight, in.labels, in.valid,
+                                                       {p.softcap, reference_layout(s, m)});
     // Float error of one logit (a length-H dot product), then the loss's own bounds at the
     // generator's |z| bound; a gradient row sums V (d hidden) or the rows (d weight) of them.
     const double wmax = weight.cwiseAbs().maxCoeff(), hmax = global.cwiseAbs().maxCoeff();
@@ -190,6 +194,17 @@ RC_GTEST_PROP(OptimizedLinearLoss, ChunkBoundariesAnywhere, ()) {
   LinearParams p = *gen_linear_params();
   p.chunk_rows = *rc::gen::inRange(1, c.rows_per_chunk * c.seq_len + 2);
   check_bshd(c, p);
+}
+
+// Layouts (SPEC 2b): the fused head's halo follows the fragments, as the loss's does.
+RC_GTEST_PROP(OptimizedLinearLoss, EveryLayoutEqualsReference, ()) {
+  BshdCase b = *gen_bshd_case();
+  b.layout = *gen_bshd_layout();
+  check_bshd(b, *gen_linear_params());
+  PackedCase p = *gen_packed_case();
+  p.layout = *gen_packed_layout();
+  p.cp = *rc::gen::inRange(2, 9);
+  check_packed(p, *gen_linear_params());
 }
 
 // Failure class: NaN or a stray gradient when a rank (or the whole mesh) has no target.

@@ -59,11 +59,12 @@ std::string loss_task(const Case& c, const Sharder& sharder, const LossParams& p
     const at::Tensor global = to_tensor(global_logits(c, rows, s.layout.padded_len, m))
                                   .view({rows, s.layout.padded_len, c.vocab});
     const at::Tensor logits =
-        global.narrow(1, s.layout.begin, s.layout.local_len).contiguous().requires_grad_(true);
+        global.index_select(1, layout_positions_of(s.layout)).contiguous().requires_grad_(true);
     // Junk the loss must never read: an invalid label, a set valid bit.
     const at::Tensor labels = lay_out(s.labels, strided(p.layout), -7);
     const at::Tensor valid = lay_out(s.valid, strided(p.layout), 1);
-    const at::Tensor loss = shifted_cp_loss(logits, labels, valid, mesh, {.softcap = p.softcap});
+    const at::Tensor loss = shifted_cp_loss(logits, labels, valid, mesh,
+                                            {.softcap = p.softcap, .layout = s.layout.plan});
     const auto grad =
         torch::autograd::grad({loss}, {logits}, {at::full({}, p.upstream, loss.options())});
     out.add(std::to_string(m) + ".loss", loss);
@@ -75,7 +76,7 @@ std::string loss_task(const Case& c, const Sharder& sharder, const LossParams& p
 const RankTask loss_bshd("loss_bshd", [](const std::string& text, const MeshPtr& mesh, int) {
   const auto [p, c] = decode_with<BshdCase, LossParams>(text);
   const Sharder s = prepare_cp_inputs(to_cp_batch(make_batch(c)), mesh, c.num_chunks, true,
-                                      {c.pad_multiple, c.pad_token_id});
+                                      pad_of(options_of(c)));
   return loss_task(c, s, p, mesh);
 });
 
@@ -83,7 +84,7 @@ const RankTask loss_packed("loss_packed", [](const std::string& text, const Mesh
   const auto [p, c] = decode_with<PackedCase, LossParams>(text);
   const Sharder s =
       prepare_packed_cp_inputs(to_cp_batch(make_batch(c)), mesh, static_cast<int>(c.rows.size()),
-                               true, {c.pad_multiple, c.pad_token_id});
+                               true, pad_of(options_of(c)));
   return loss_task(c, s, p, mesh);
 });
 
@@ -96,7 +97,8 @@ void check_loss(const Case& c, const reference::Sharder& s, const RankTask& task
     const reference::GlobalStreams& g = s.global(m);
     const auto rows = g.labels.rows();
     const RankLossInputs in = cut_for_ranks(global_logits(c, rows, g.padded_len, m), s, m);
-    const auto ref = reference::shifted_cp_loss(in.values, in.labels, in.valid, {p.softcap});
+    const auto ref = reference::shifted_cp_loss(in.values, in.labels, in.valid,
+                                                {p.softcap, reference_layout(s, m)});
     const double zmax = static_cast<double>(c.logit_scale) * 6;  // |z| bound of the generator
     for (int r = 0; r < c.cp; ++r) {
       const std::string where =
@@ -169,6 +171,18 @@ RC_GTEST_PROP(OptimizedLoss, TargetsCountedOverTheWholeMesh, ()) {
   c.ignore_percent = 0;
   c.rows[0].push_back({*rc::gen::inRange(2 * c.cp, 40), 0});  // targets on several ranks
   check_packed_loss(c, {});
+}
+
+// Layouts (SPEC 2b): a fragment's last token takes the target of the token at its global end,
+// wherever that lives; CP / N unchanged.
+RC_GTEST_PROP(OptimizedLoss, EveryLayoutEqualsReference, ()) {
+  BshdCase b = *gen_bshd_case();
+  b.layout = *gen_bshd_layout();
+  check_bshd_loss(b, *gen_loss_params());
+  PackedCase p = *gen_packed_case();
+  p.layout = *gen_packed_layout();
+  p.cp = *rc::gen::inRange(2, 9);
+  check_packed_loss(p, *gen_loss_params());
 }
 
 // Failure class: NaN when a rank (or the whole mesh) has no target.

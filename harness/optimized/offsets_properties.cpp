@@ -30,14 +30,14 @@ std::string offsets_of(const Sharder& sharder) {
 const RankTask offsets_bshd("offsets_bshd", [](const std::string& p, const MeshPtr& mesh, int) {
   const BshdCase c = decode_bshd(p);
   return offsets_of(prepare_cp_inputs(to_cp_batch(make_batch(c)), mesh, c.num_chunks, true,
-                                      {c.pad_multiple, c.pad_token_id}));
+                                      pad_of(options_of(c))));
 });
 
 const RankTask offsets_packed("offsets_packed", [](const std::string& p, const MeshPtr& mesh, int) {
   const PackedCase c = decode_packed(p);
   return offsets_of(prepare_packed_cp_inputs(to_cp_batch(make_batch(c)), mesh,
                                              static_cast<int>(c.rows.size()), true,
-                                             {c.pad_multiple, c.pad_token_id}));
+                                             pad_of(options_of(c))));
 });
 
 template <class Case>

@@ -21,26 +21,20 @@ using pool::Bundle;
 
 // ---- the rank side ----
 
-// [rows, L] stream gathered back along the sequence: [rows, CP * L].
-at::Tensor gather_sequence(const at::Tensor& local, const MeshPtr& mesh) {
-  return gather_tokens(local.t().contiguous(), mesh, false).t().contiguous();
-}
-
+// Every stream back in global order ([rows, S_pad, ...] on every rank): restore_order.
 void add_shard(Bundle& out, const std::string& key, const LocalShard& s, const MeshPtr& mesh) {
   for (const auto& [name, t] : {std::pair{"labels", s.labels},
                                 {"position_ids", s.position_ids},
                                 {"document_ids", s.document_ids},
                                 {"padding", s.padding}}) {
     out.add(key + name, t);
-    out.add(key + "gathered." + name, gather_sequence(t, mesh));
+    out.add(key + "gathered." + name, restore_order(t, s.layout, mesh));
   }
   out.add(key + "valid", s.valid);
   if (s.input_ids.defined()) out.add(key + "input_ids", s.input_ids);
   if (s.inputs_embeds.defined()) {
     out.add(key + "inputs_embeds", s.inputs_embeds);
-    out.add(
-        key + "gathered.inputs_embeds",
-        gather_tokens(s.inputs_embeds.transpose(0, 1).contiguous(), mesh, false).transpose(0, 1));
+    out.add(key + "gathered.inputs_embeds", restore_order(s.inputs_embeds, s.layout, mesh));
   }
 }
 
@@ -92,7 +86,7 @@ std::string shard_task(const CaseT& c, const Sharder& sharder, MemoryLayout layo
 const RankTask shard_bshd("shard_bshd", [](const std::string& p, const MeshPtr& mesh, int) {
   const auto [layout, c] = decode_with<BshdCase>(p);
   const Sharder s = prepare_cp_inputs(to_cp_batch(make_batch(c)), mesh, c.num_chunks,
-                                      c.shard_primary, {c.pad_multiple, c.pad_token_id});
+                                      c.shard_primary, pad_of(options_of(c)));
   return shard_task(c, s, static_cast<MemoryLayout>(layout), mesh);
 });
 
@@ -100,7 +94,7 @@ const RankTask shard_packed("shard_packed", [](const std::string& p, const MeshP
   const auto [layout, c] = decode_with<PackedCase>(p);
   const Sharder s =
       prepare_packed_cp_inputs(to_cp_batch(make_batch(c)), mesh, static_cast<int>(c.rows.size()),
-                               c.shard_primary, {c.pad_multiple, c.pad_token_id});
+                               c.shard_primary, pad_of(options_of(c)));
   return shard_task(c, s, static_cast<MemoryLayout>(layout), mesh);
 });
 
@@ -187,6 +181,19 @@ RC_GTEST_PROP(OptimizedSharding, ThdEqualsReferenceRankByRank, ()) {
   check_packed(*gen_packed_case());
 }
 
+// Layouts (SPEC 2b): every kind's shards equal the reference's rank by rank, and restore_order
+// puts them back in global order.
+RC_GTEST_PROP(OptimizedSharding, EveryLayoutEqualsReferenceRankByRank, ()) {
+  BshdCase b = *gen_bshd_case();
+  b.layout = *gen_bshd_layout();
+  check_bshd(b);
+  PackedCase p = *gen_packed_case();
+  p.layout = *gen_packed_layout();
+  p.cp = *rc::gen::inRange(2, 9);
+  p.rows[0].push_back({*rc::gen::inRange(0, 400), *rc::gen::inRange(0, 3)});  // long enough to cut
+  check_packed(p);
+}
+
 // Failure class: positions recomputed after the cut (explicit position_ids, CP >= 2).
 RC_GTEST_PROP(OptimizedSharding, PositionsComeFromTheGlobalSequence, ()) {
   BshdCase c = *gen_bshd_case();
@@ -229,7 +236,7 @@ RC_GTEST_PROP(OptimizedSharding, Cp1IsIdentityOnLayout, ()) {
   b.pad_multiple = *rc::gen::inRange(2, 5);
   check_bshd(b);
   const Sharder s = prepare_cp_inputs_for(to_cp_batch(make_batch(b)), 1, b.num_chunks, true,
-                                          {b.pad_multiple, b.pad_token_id});
+                                          pad_of(options_of(b)));
   RC_ASSERT(s.local(0).labels.size(1) == b.seq_len);
   PackedCase p = *gen_packed_case();
   p.cp = 1;

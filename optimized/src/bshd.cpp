@@ -47,12 +47,20 @@ std::vector<Sharder::Microbatch> bshd_microbatches(const CPBatch& batch, int cp_
   check_bshd(batch, num_chunks);
   const auto rows = batch.labels.size(0) / num_chunks;
   const auto S = batch.labels.size(1);
+  if (pad.layout == LayoutKind::kBalanced)
+    raise("layout",
+          "\"balanced\" plans packed (THD) documents; BSHD rows take \"contiguous\" "
+          "or \"head_tail\"");
+  // Every microbatch has the same columns, so the same plan.
+  const auto plan =
+      std::make_shared<const LayoutPlan>(plan_layout(pad.layout, S, cp_size, pad.pad_multiple));
   std::vector<Sharder::Microbatch> out;
   for (int m = 0; m < num_chunks; ++m) {
     Sharder::Microbatch mb;
     mb.first_row = m * rows;
     mb.rows = rows;
     mb.seq_len = S;
+    mb.plan = plan;
     out.push_back(mb);
   }
   return out;
@@ -90,6 +98,7 @@ void fill_bshd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, cons
   shard.padding = at::empty({mb.rows, l.local_len}, out.dtype(at::kBool));
   shard.labels = at::empty({mb.rows, l.local_len}, out.dtype(at::kLong));
   shard.valid = at::empty({mb.rows * l.local_len}, out.dtype(at::kBool));
+  // One pass per fragment, each writing its columns of the [rows, L] outputs.
   kernels::BshdLayoutArgs args{};
   args.labels = labels.data_ptr<int64_t>();
   args.labels_pitch = labels.stride(0);
@@ -103,23 +112,25 @@ void fill_bshd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, cons
   }
   args.rows = mb.rows;
   args.seq_len = l.seq_len;
-  args.begin = l.begin;
-  args.count = l.local_len;
-  args.position = shard.position_ids.data_ptr<int64_t>();
-  args.document = shard.document_ids.data_ptr<int64_t>();
-  args.padding = shard.padding.data_ptr<bool>();
-  args.label = shard.labels.data_ptr<int64_t>();
-  args.valid = shard.valid.data_ptr<bool>();
+  args.out_pitch = l.local_len;
+  const c10::OptionalDeviceGuard on_device(on_gpu ? std::optional<at::Device>(device)
+                                                  : std::nullopt);  // launch on the batch's GPU
+  int64_t offset = 0;
+  for (const Fragment& f : l.fragments) {
+    args.begin = f.begin;
+    args.count = f.size();
+    args.position = shard.position_ids.data_ptr<int64_t>() + offset;
+    args.document = shard.document_ids.data_ptr<int64_t>() + offset;
+    args.padding = shard.padding.data_ptr<bool>() + offset;
+    args.label = shard.labels.data_ptr<int64_t>() + offset;
+    args.valid = shard.valid.data_ptr<bool>() + offset;
 #if CPKIT_WITH_CUDA
-  if (on_gpu) {
-    const c10::DeviceGuard on_device(device);  // launch on the batch's GPU
-    kernels::bshd_layout_cuda(args, current_stream(labels));
-  }
+    if (on_gpu) kernels::bshd_layout_cuda(args, current_stream(labels));
 #endif
-  if (!on_gpu) {
-    kernels::bshd_layout_cpu(args);
-    move_streams(shard, device);
+    if (!on_gpu) kernels::bshd_layout_cpu(args);
+    offset += f.size();
   }
+  if (!on_gpu) move_streams(shard, device);
   if (detail::fault("positions_after_cut"))  // local 0..L-1 instead of the global positions
     shard.position_ids = at::arange(l.local_len, batch.labels.options().dtype(at::kLong))
                              .expand({mb.rows, l.local_len})

@@ -13,4 +13,9 @@ void* current_stream(const at::Tensor& t);
 // Returns false, copying nothing, when the layouts do not allow it.
 bool copy_rows_2d(const at::Tensor& dst, const at::Tensor& src);
 
+// `host` (CPU) on `device` without blocking the host: one copy from pinned memory. Raises,
+// naming `what`, inside CUDA-graph capture: the copy would be replayed from a host buffer
+// that is reused by then, i.e. with stale values.
+at::Tensor upload(const at::Tensor& host, const at::Device& device, const char* what);
+
 }  // namespace cpkit::detail

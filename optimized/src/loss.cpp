@@ -25,9 +25,11 @@ void check_logits(const at::Tensor& logits) {
 }
 
 detail::Targets prepare_targets(const at::Tensor& logits, const at::Tensor& labels,
-                                const at::Tensor& valid, const MeshPtr& mesh) {
+                                const at::Tensor& valid, const MeshPtr& mesh,
+                                const LossOptions& options) {
   check_logits(logits);
-  return detail::prepare_targets(labels, valid, logits, "logits", logits.size(2), mesh);
+  return detail::prepare_targets(labels, valid, logits, "logits", logits.size(2), mesh,
+                                 options.layout.get());
 }
 
 // The fused kernel: the scaled loss and its gradient for a unit upstream.
@@ -74,7 +76,7 @@ class ShiftedCrossEntropy : public torch::autograd::Function<ShiftedCrossEntropy
 at::Tensor shifted_cp_loss(const at::Tensor& logits, const at::Tensor& labels,
                            const at::Tensor& valid, const MeshPtr& mesh,
                            const LossOptions& options) {
-  const detail::Targets t = prepare_targets(logits, labels, valid, mesh);
+  const detail::Targets t = prepare_targets(logits, labels, valid, mesh, options);
   return ShiftedCrossEntropy::apply(logits, t.targets, t.count, int64_t{cp_size(mesh)},
                                     options.softcap);
 }
@@ -82,7 +84,7 @@ at::Tensor shifted_cp_loss(const at::Tensor& logits, const at::Tensor& labels,
 LossWithGrad shifted_cp_loss_with_grad(const at::Tensor& logits, const at::Tensor& labels,
                                        const at::Tensor& valid, const MeshPtr& mesh,
                                        const LossOptions& options) {
-  const detail::Targets t = prepare_targets(logits, labels, valid, mesh);
+  const detail::Targets t = prepare_targets(logits, labels, valid, mesh, options);
   const at::NoGradGuard no_grad;
   return fused_loss(logits.detach(), t, cp_size(mesh), options.softcap);
 }

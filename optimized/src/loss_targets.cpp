@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <unordered_map>
+
 #include "cpkit/optimized/constants.hpp"
 #include "fault_injection.hpp"
 #include "tensor_checks.hpp"
@@ -41,8 +43,8 @@ void check_targets_inputs(const at::Tensor& labels, const at::Tensor& valid,
           " valid but its label is ", kIgnoreLabel);
 }
 
-// targets[b, j]: the label position j predicts, -100 when it counts nothing. The last column
-// comes from the next rank's first column.
+// targets[b, j]: the label position j predicts, -100 when it counts nothing. Contiguous:
+// the last column comes from the next rank's first column (one halo exchange).
 at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid, const MeshPtr& mesh) {
   const int64_t B = labels.size(0), L = labels.size(1);
   const at::Tensor counted =
@@ -59,6 +61,63 @@ at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid, co
   return targets;
 }
 
+// Several fragments per rank: the last token of each predicts the token at the fragment's
+// global end, which starts a fragment of another rank (a rank's adjacent fragments are
+// merged). One all-gather of every rank's fragment-first labels serves all of them.
+at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid, const MeshPtr& mesh,
+                           const LayoutPlan& plan) {
+  const int64_t B = labels.size(0), L = labels.size(1);
+  const int cp = plan.cp_size, rank = cp_rank(mesh);
+  if (cp != cp_size(mesh))
+    raise("layout", "was planned for CP = ", cp, " but the mesh has ", cp_size(mesh), " ranks");
+  if (L != plan.local_len)
+    raise("labels", "have ", L, " tokens per row but the layout gives each rank ", plan.local_len);
+  const at::Tensor counted =
+      at::where(valid.reshape({B, L}), labels, at::full_like(labels, kIgnoreLabel));
+  std::size_t most = 0;  // fragments of the rank holding the most
+  for (const auto& list : plan.fragments) most = std::max(most, list.size());
+  const auto F = static_cast<int64_t>(most);
+  // Where fragment k of rank q starts, locally: the columns every rank sends.
+  auto local_starts = [&](int q) {
+    std::vector<int64_t> starts;
+    int64_t offset = 0;
+    for (const Fragment& f : plan.fragments[static_cast<std::size_t>(q)]) {
+      starts.push_back(offset);
+      offset += f.size();
+    }
+    return starts;
+  };
+  const std::vector<int64_t> mine = local_starts(rank);
+  at::Tensor send = at::full({F, B}, kIgnoreLabel, labels.options());
+  send.narrow(0, 0, static_cast<int64_t>(mine.size()))
+      .copy_(counted.index_select(1, at::tensor(mine, labels.options())).t());
+  at::Tensor received = at::empty({cp * F, B}, labels.options());
+  mesh->all_gather(send.data_ptr(), received.data_ptr(), static_cast<std::size_t>(F * B),
+                   ScalarKind::kInt64);
+  // Global start of each fragment -> its row in `received`.
+  std::unordered_map<int64_t, int64_t> row_of_start;
+  for (int q = 0; q < cp; ++q) {
+    const auto& list = plan.fragments[static_cast<std::size_t>(q)];
+    for (std::size_t k = 0; k < list.size(); ++k)
+      row_of_start[list[k].begin] = q * F + static_cast<int64_t>(k);
+  }
+  at::Tensor targets = at::empty({B, L}, labels.options());
+  targets.narrow(1, 0, L - 1).copy_(counted.narrow(1, 1, L - 1));
+  std::vector<int64_t> last_columns;
+  int64_t offset = 0;
+  at::Tensor halo =
+      at::full({B, static_cast<int64_t>(mine.size())}, kIgnoreLabel, labels.options());
+  const auto& list = plan.fragments[static_cast<std::size_t>(rank)];
+  for (std::size_t k = 0; k < list.size(); ++k) {
+    offset += list[k].size();
+    last_columns.push_back(offset - 1);
+    const auto found = row_of_start.find(list[k].end);  // none past the sequence's end
+    if (found != row_of_start.end() && !fault("boundary_label_dropped"))
+      halo.select(1, static_cast<int64_t>(k)).copy_(received.select(0, found->second));
+  }
+  targets.index_copy_(1, at::tensor(last_columns, labels.options()), halo);
+  return targets;
+}
 // N summed over the mesh, as a one-element int64 tensor on the targets' device (never read
 // on the host: the kernel forms CP / N itself).
 at::Tensor global_target_count(const at::Tensor& targets, const MeshPtr& mesh) {
@@ -72,9 +131,17 @@ at::Tensor global_target_count(const at::Tensor& targets, const MeshPtr& mesh) {
 }  // namespace
 
 Targets prepare_targets(const at::Tensor& labels, const at::Tensor& valid, const at::Tensor& source,
-                        const char* source_name, int64_t vocab, const MeshPtr& mesh) {
+                        const char* source_name, int64_t vocab, const MeshPtr& mesh,
+                        const LayoutPlan* plan) {
   check_targets_inputs(labels, valid, source, source_name, vocab);
-  at::Tensor targets = shifted_targets(labels, valid, mesh);
+  // Rank r owning [r L, (r + 1) L) alone: the next token of its last is rank r + 1's first.
+  bool rank_ordered = true;
+  for (int r = 0; plan != nullptr && r < plan->cp_size; ++r) {
+    const auto& list = plan->fragments[static_cast<std::size_t>(r)];
+    rank_ordered = rank_ordered && list.size() == 1 && list[0].begin == r * plan->local_len;
+  }
+  at::Tensor targets = rank_ordered ? shifted_targets(labels, valid, mesh)
+                                    : shifted_targets(labels, valid, mesh, *plan);
   return {targets, global_target_count(targets, mesh)};
 }
 

@@ -10,6 +10,7 @@
 
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "cuda_glue.hpp"
 #include "kernels/packed_layout.hpp"
 #include "sharder_internal.hpp"
 
@@ -90,17 +91,22 @@ std::vector<std::int64_t> document_starts(const RowMeta& row, std::int64_t b) {
   return start;
 }
 
-// int32 offsets on `device`; a CUDA copy leaves from pinned memory without blocking.
+// int32 offsets on `device`.
 at::Tensor to_device(const std::vector<std::int64_t>& values, const at::Device& device) {
-  at::Tensor host = at::tensor(values, at::kLong).to(at::kInt);
-  if (device.is_cpu()) return host;
-  return host.pin_memory().to(device, /*non_blocking=*/true);
+  return detail::upload(at::tensor(values, at::kLong).to(at::kInt), device, "attention offsets");
 }
 
 }  // namespace
 
 AttentionOffsets attention_offsets(const Sharder& sharder, int microbatch, int rank) {
   const Layout l = sharder.layout(microbatch, rank);
+  // Several fragments per rank need keys the gathered buffer does not hold in order.
+  if (l.fragments.size() != 1)
+    raise("layout",
+          "attention offsets cover one fragment per rank (\"contiguous\" layouts) so "
+          "far; rank ",
+          rank, " of this \"", layout_name(l.plan->kind), "\" layout holds ", l.fragments.size());
+  const std::int64_t begin = l.fragments.front().begin, end = l.fragments.front().end;
   const Sharder::Microbatch& mb = sharder.microbatch(microbatch);
   const CPBatch& batch = sharder.batch_;
   std::vector<std::vector<std::int64_t>> starts;
@@ -111,9 +117,9 @@ AttentionOffsets attention_offsets(const Sharder& sharder, int microbatch, int r
   }
 
   AttentionOffsets out;
-  out.k_end = l.end;
-  out.k_begin = l.end;
-  for (const auto& s : starts) out.k_begin = std::min(out.k_begin, s[l.begin]);
+  out.k_end = end;
+  out.k_begin = end;
+  for (const auto& s : starts) out.k_begin = std::min(out.k_begin, s[begin]);
   std::vector<std::int64_t> q{0}, k{0};
   auto add = [&](std::int64_t q_len, std::int64_t k_len) {
     q.push_back(q.back() + q_len);
@@ -123,9 +129,9 @@ AttentionOffsets attention_offsets(const Sharder& sharder, int microbatch, int r
   };
   for (const auto& s : starts) {
     std::int64_t key = out.k_begin;  // the next key of this row's slice not yet covered
-    for (std::int64_t t = l.begin; t < l.end;) {
+    for (std::int64_t t = begin; t < end;) {
       std::int64_t u = t + 1;
-      while (u < l.end && s[u] == s[t]) ++u;
+      while (u < end && s[u] == s[t]) ++u;
       // Keys this row's slice skips before the fragment's document: a segment with no query.
       if (s[t] > key) add(0, s[t] - key);
       add(u - t, u - s[t]);

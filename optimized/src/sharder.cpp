@@ -3,7 +3,6 @@
 
 #include "cpkit/optimized/error.hpp"
 #include "fault_injection.hpp"
-#include "pad.hpp"
 #include "sharder_internal.hpp"
 #include "tensor_checks.hpp"
 
@@ -12,18 +11,16 @@ namespace cpkit {
 namespace {
 
 // Pads and cuts one microbatch's spliced primary stream; backward scatters the local
-// gradient back onto this rank's rows of a zero gradient shaped like the input.
+// gradient back onto this rank's columns of a zero gradient shaped like the input.
 class CutSpliced : public torch::autograd::Function<CutSpliced> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& spliced,
-                            int64_t begin, int64_t local_len, int64_t seq_len, double fill) {
-    Layout l;
-    l.begin = begin;
-    l.local_len = local_len;
-    l.end = begin + local_len;
-    l.seq_len = seq_len;
-    ctx->saved_data["layout"] = std::vector<int64_t>{seq_len, begin};
-    return cut_columns(spliced, l, fill);
+                            const Layout& layout, double fill) {
+    // What the backward needs: [seq_len, local_len, begin0, end0, begin1, end1, ...].
+    std::vector<int64_t> saved{layout.seq_len, layout.local_len};
+    for (const Fragment& f : layout.fragments) saved.insert(saved.end(), {f.begin, f.end});
+    ctx->saved_data["layout"] = saved;
+    return cut_columns(spliced, layout, fill);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -31,9 +28,10 @@ class CutSpliced : public torch::autograd::Function<CutSpliced> {
     const std::vector<int64_t> saved = ctx->saved_data["layout"].toIntVector();
     Layout l;
     l.seq_len = saved[0];
-    l.begin = saved[1];
-    return {cut_columns_backward(grads[0], l), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    l.local_len = saved[1];
+    for (std::size_t i = 2; i + 1 < saved.size(); i += 2)
+      l.fragments.push_back({saved[i], saved[i + 1]});
+    return {cut_columns_backward(grads[0], l), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -65,7 +63,7 @@ void Sharder::check_rank(int rank) const {
 
 Layout Sharder::layout(int index, int rank) const {
   check_rank(rank);
-  return shard_layout(microbatch(index).seq_len, cp_size_, rank, pad_.pad_multiple);
+  return layout_of(microbatch(index).plan, rank);
 }
 
 LocalShard Sharder::local(int index, int rank) const {
@@ -99,14 +97,17 @@ at::Tensor Sharder::global_primary(int index) const {
 at::Tensor Sharder::cut_spliced(int index, int rank, const at::Tensor& spliced) const {
   Layout l = layout(index, rank);
   const Microbatch& mb = microbatch(index);
-  if (detail::fault("spliced_cut_shifted") && l.begin > 0) l.begin -= 1;  // off by one
+  if (detail::fault("spliced_cut_shifted") && l.fragments.front().begin > 0) {
+    l.fragments.front().begin -= 1;  // off by one
+    l.fragments.front().end -= 1;
+  }
   detail::require_defined(spliced, "spliced");
   if (spliced.dim() < 2 || spliced.size(0) != mb.rows || spliced.size(1) != l.seq_len)
     raise("spliced", "has shape ", detail::shape_of(spliced), " but [", mb.rows, ", ", l.seq_len,
           ", ...] is required");
   const double fill = spliced.is_floating_point() ? 0.0 : static_cast<double>(pad_.pad_token_id);
   if (!spliced.is_floating_point()) return cut_columns(spliced, l, fill);  // ids
-  return CutSpliced::apply(spliced, l.begin, l.local_len, l.seq_len, fill);
+  return CutSpliced::apply(spliced, l, fill);
 }
 
 at::Tensor Sharder::cu_seqlens(int index) const {

@@ -14,6 +14,7 @@ struct Sharder::Microbatch {
   bool packed = false;
   // THD only, CPU int64: real lengths [docs], offsets [docs + 1].
   at::Tensor lens, cu_lens, cu_padded;
+  std::shared_ptr<const LayoutPlan> plan;  // which rank owns which of its tokens
 };
 
 namespace detail {

@@ -9,7 +9,6 @@
 #include "kernels/packed_layout.hpp"
 #include "kernels/packed_layout_launch.hpp"
 #include "kernels/targets.hpp"
-#include "pad.hpp"
 #include "sharder_internal.hpp"
 #include "targets.hpp"
 #include "tensor_checks.hpp"
@@ -93,6 +92,10 @@ std::vector<Sharder::Microbatch> thd_microbatches(const CPBatch& batch, int cp_s
     mb.lens = at::tensor(real, at::kLong);
     mb.cu_lens = prefix_sums(real);
     mb.cu_padded = prefix_sums(slot);
+    mb.plan = std::make_shared<const LayoutPlan>(
+        pad.layout == LayoutKind::kBalanced
+            ? plan_balanced(slot, T, cp_size, pad.pad_multiple)
+            : plan_layout(pad.layout, T, cp_size, pad.pad_multiple));
     out.push_back(mb);
   }
   return out;
@@ -100,9 +103,9 @@ std::vector<Sharder::Microbatch> thd_microbatches(const CPBatch& batch, int cp_s
 
 namespace {
 
-// All five streams of tokens [l.begin, l.end) on the host in one pass: document, position
-// and padding from the slot walk, then labels (-100 on padding and past the row) and valid
-// (a document's first token is predicted by nothing in that document).
+// All five streams of the shard's tokens (its fragments in order) on the host in one pass:
+// document, position and padding from the slot walk, then labels (-100 on padding and past
+// the row) and valid (a document's first token is predicted by nothing in that document).
 void packed_streams_cpu(const at::Tensor& row_labels, const Sharder::Microbatch& mb,
                         const Layout& l, LocalShard& shard) {
   shard.document_ids = at::empty({1, l.local_len}, at::kLong);
@@ -115,51 +118,59 @@ void packed_streams_cpu(const at::Tensor& row_labels, const Sharder::Microbatch&
   const int64_t* cu = mb.cu_padded.data_ptr<int64_t>();
   const int64_t* lens = mb.lens.data_ptr<int64_t>();
   const int64_t docs = mb.lens.numel(), T = l.seq_len;
-  int64_t* doc_out = shard.document_ids.data_ptr<int64_t>();
-  int64_t* pos_out = shard.position_ids.data_ptr<int64_t>();
-  bool* pad_out = shard.padding.data_ptr<bool>();
-  int64_t* label_out = shard.labels.data_ptr<int64_t>();
-  bool* valid_out = shard.valid.data_ptr<bool>();
-  // Grain: a shard of tens of thousands of tokens is done before a second thread would wake.
-  at::parallel_for(0, l.local_len, 65536, [&](int64_t begin, int64_t end) {
-    kernels::PackedWalk walk(l.begin + begin, cu, lens, docs);
-    for (int64_t j = begin; j < end; ++j) {
-      const int64_t t = l.begin + j;
-      const kernels::PackedToken tok = walk.at(t);
-      const int64_t label = kernels::sharded_label(tok.padding || t >= T, t < T ? labels[t] : 0);
-      doc_out[j] = tok.document;
-      pos_out[j] = tok.position;
-      pad_out[j] = tok.padding;
-      label_out[j] = label;
-      valid_out[j] = kernels::is_valid_target(tok.padding, label, tok.position);
-    }
-  });
+  int64_t offset = 0;
+  for (const Fragment& f : l.fragments) {
+    int64_t* doc_out = shard.document_ids.data_ptr<int64_t>() + offset;
+    int64_t* pos_out = shard.position_ids.data_ptr<int64_t>() + offset;
+    bool* pad_out = shard.padding.data_ptr<bool>() + offset;
+    int64_t* label_out = shard.labels.data_ptr<int64_t>() + offset;
+    bool* valid_out = shard.valid.data_ptr<bool>() + offset;
+    // Grain: tens of thousands of tokens are done before a second thread would wake.
+    at::parallel_for(0, f.size(), 65536, [&](int64_t begin, int64_t end) {
+      kernels::PackedWalk walk(f.begin + begin, cu, lens, docs);
+      for (int64_t j = begin; j < end; ++j) {
+        const int64_t t = f.begin + j;
+        const kernels::PackedToken tok = walk.at(t);
+        const int64_t label = kernels::sharded_label(tok.padding || t >= T, t < T ? labels[t] : 0);
+        doc_out[j] = tok.document;
+        pos_out[j] = tok.position;
+        pad_out[j] = tok.padding;
+        label_out[j] = label;
+        valid_out[j] = kernels::is_valid_target(tok.padding, label, tok.position);
+      }
+    });
+    offset += f.size();
+  }
 }
 
 #if CPKIT_WITH_CUDA
-// The same on the GPU: only the document offsets travel to the device, in one copy from
-// pinned host memory that does not block the host (a pageable copy would).
+// The same on the GPU: only the document offsets travel to the device, in one copy that
+// does not block the host (cuda_glue.hpp's upload; not inside CUDA-graph capture).
 void packed_layout_device(const Sharder::Microbatch& mb, const Layout& l, at::Device device,
                           LocalShard& shard) {
   const auto on_device = at::TensorOptions().device(device);
   const int64_t docs = mb.lens.numel();
   const at::Tensor offsets =
-      at::cat({mb.cu_padded, mb.lens}).pin_memory().to(device, /*non_blocking=*/true);
+      upload(at::cat({mb.cu_padded, mb.lens}), device, "packed (THD) document offsets");
   const at::Tensor cu = offsets.narrow(0, 0, mb.cu_padded.numel());
   const at::Tensor lens = offsets.narrow(0, mb.cu_padded.numel(), docs);
   shard.document_ids = at::empty({1, l.local_len}, on_device.dtype(at::kLong));
   shard.position_ids = at::empty({1, l.local_len}, on_device.dtype(at::kLong));
   shard.padding = at::empty({1, l.local_len}, on_device.dtype(at::kBool));
-  kernels::PackedLayoutArgs args{cu.data_ptr<int64_t>(),
-                                 lens.data_ptr<int64_t>(),
-                                 docs,
-                                 l.begin,
-                                 l.local_len,
-                                 shard.document_ids.data_ptr<int64_t>(),
-                                 shard.position_ids.data_ptr<int64_t>(),
-                                 shard.padding.data_ptr<bool>()};
   const c10::DeviceGuard guard(device);  // launch on the shard's GPU
-  kernels::packed_layout_cuda(args, current_stream(shard.document_ids));
+  int64_t offset = 0;
+  for (const Fragment& f : l.fragments) {  // one launch per fragment
+    kernels::PackedLayoutArgs args{cu.data_ptr<int64_t>(),
+                                   lens.data_ptr<int64_t>(),
+                                   docs,
+                                   f.begin,
+                                   f.size(),
+                                   shard.document_ids.data_ptr<int64_t>() + offset,
+                                   shard.position_ids.data_ptr<int64_t>() + offset,
+                                   shard.padding.data_ptr<bool>() + offset};
+    kernels::packed_layout_cuda(args, current_stream(shard.document_ids));
+    offset += f.size();
+  }
 }
 #endif
 
@@ -196,7 +207,8 @@ void fill_thd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const
   if (positions_global)  // never restarting per document
     shard.position_ids = at::where(
         shard.document_ids > 0,
-        at::arange(l.begin, l.end, shard.position_ids.options()).unsqueeze(0), shard.position_ids);
+        at::tensor(layout_positions(*l.plan, l.rank), shard.position_ids.options()).unsqueeze(0),
+        shard.position_ids);
   if (padding_tail_only)  // slot padding taken for real tokens
     shard.padding = shard.document_ids == 0;
   labels_and_valid_from_layout(row_labels, l, shard);

@@ -151,11 +151,12 @@ std::vector<at::Tensor> shard_op(
                                      ? fresh(s.inputs_embeds, *inputs_embeds)
                                      : none();
       const Layout& l = s.layout;
-      out.insert(out.end(),
-                 {primary, fresh(s.labels, labels), s.position_ids, s.document_ids, s.padding,
-                  s.valid, at::tensor({l.seq_len, l.padded_len, l.local_len, l.begin, l.end}),
-                  packed ? sharder.cu_seqlens(m) : none(),
-                  packed ? sharder.cu_seqlens_padded(m) : none()});
+      out.insert(out.end(), {primary, fresh(s.labels, labels), s.position_ids, s.document_ids,
+                             s.padding, s.valid,
+                             at::tensor({l.seq_len, l.padded_len, l.local_len,
+                                         l.fragments.front().begin, l.fragments.back().end}),
+                             packed ? sharder.cu_seqlens(m) : none(),
+                             packed ? sharder.cu_seqlens_padded(m) : none()});
     }
     return out;
   });
@@ -185,7 +186,8 @@ std::vector<int64_t> shard_layout_op(int64_t seq_len, int64_t cp_size, int64_t r
   return checked([&] {
     const Layout l = shard_layout(seq_len, static_cast<int>(cp_size), static_cast<int>(rank),
                                   static_cast<int>(pad_multiple));
-    return std::vector<int64_t>{l.seq_len, l.padded_len, l.local_len, l.begin, l.end};
+    return std::vector<int64_t>{l.seq_len, l.padded_len, l.local_len, l.fragments.front().begin,
+                                l.fragments.back().end};
   });
 }
 

@@ -38,7 +38,12 @@ GlobalStreams bshd_microbatch(const BshdBatch& batch, const ShardOptions& option
   const auto S = batch.labels.cols();
   GlobalStreams g;
   g.seq_len = S;
-  g.padded_len = padded_length(S, options.cp_size, options.pad_multiple);
+  if (options.layout == "balanced")
+    raise("layout",
+          "\"balanced\" plans packed (THD) documents; BSHD rows take \"contiguous\" "
+          "or \"head_tail\"");
+  g.padded_len = layout_padded_length(options.layout, S, options.cp_size, options.pad_multiple);
+  g.owned = plan_positions(options.layout, g.padded_len, options.cp_size);
   const auto S_pad = g.padded_len;
   g.labels.resize(rows, S_pad);
   g.position_ids.resize(rows, S_pad);

@@ -1,11 +1,14 @@
 #include "checks.hpp"
 
+#include "cpkit/reference/layout.hpp"
+
 namespace cpkit::reference::detail {
 
 void check_options(const ShardOptions& options) {
   if (options.cp_size < 1) raise("cp_size", "must be >= 1, got ", options.cp_size);
   if (options.num_chunks < 1) raise("num_chunks", "must be >= 1, got ", options.num_chunks);
   if (options.pad_multiple < 1) raise("pad_multiple", "must be >= 1, got ", options.pad_multiple);
+  check_layout_name(options.layout);
 }
 
 void check_images(const std::vector<Image>& images) {

@@ -63,6 +63,35 @@ double loss_sum(const FloatMatrix& logits, const std::vector<Target>& targets, d
   return sum;
 }
 
+// Under a layout: put every rank's labels and valid bits at their global positions, then each
+// token's target is the counted label at the next global position.
+std::vector<std::vector<Target>> layout_targets(const std::vector<IntMatrix>& labels,
+                                                const std::vector<BoolVector>& valid,
+                                                const LayoutPositions& layout) {
+  const auto cp = labels.size();
+  const auto B = labels[0].rows(), L = labels[0].cols();
+  if (layout.size() != cp) raise("layout", "covers ", layout.size(), " ranks, not ", cp);
+  const auto T = static_cast<Eigen::Index>(cp) * L;  // S_pad
+  std::vector<Target> global(static_cast<std::size_t>(B * T));
+  for (std::size_t r = 0; r < cp; ++r) {
+    if (static_cast<Eigen::Index>(layout[r].size()) != L)
+      raise("layout", "rank ", r, " has ", layout[r].size(), " positions but L = ", L);
+    for (Eigen::Index b = 0; b < B; ++b)
+      for (Eigen::Index j = 0; j < L; ++j)
+        if (valid[r](b * L + j))
+          global[static_cast<std::size_t>(b * T + layout[r][static_cast<std::size_t>(j)])] =
+              labels[r](b, j);
+  }
+  std::vector<std::vector<Target>> targets(cp);
+  for (std::size_t r = 0; r < cp; ++r)
+    for (Eigen::Index b = 0; b < B; ++b)
+      for (Eigen::Index j = 0; j < L; ++j) {
+        const auto next = layout[r][static_cast<std::size_t>(j)] + 1;
+        targets[r].push_back(next < T ? global[static_cast<std::size_t>(b * T + next)] : Target());
+      }
+  return targets;
+}
+
 }  // namespace
 
 std::vector<RankLoss> shifted_cp_loss(const std::vector<FloatMatrix>& logits,
@@ -97,7 +126,12 @@ std::vector<RankLoss> shifted_cp_loss(const std::vector<FloatMatrix>& logits,
   // Targets per rank: local label j + 1, or the next rank's first label at the boundary.
   std::vector<std::vector<Target>> targets(cp);
   std::int64_t global_targets = 0;
-  for (std::size_t r = 0; r < cp; ++r) {
+  if (!options.layout.empty()) {
+    targets = layout_targets(labels, valid, options.layout);
+    for (const auto& rank_targets : targets)
+      for (const auto& t : rank_targets) global_targets += t ? 1 : 0;
+  }
+  for (std::size_t r = 0; r < cp && options.layout.empty(); ++r) {
     for (Eigen::Index b = 0; b < B; ++b)
       for (Eigen::Index j = 0; j < L; ++j) {
         Target target;

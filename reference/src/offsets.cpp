@@ -49,14 +49,23 @@ std::vector<std::int64_t> document_starts(const GlobalStreams& g, Eigen::Index b
 AttentionOffsets attention_offsets(const Sharder& sharder, int microbatch, int rank) {
   const GlobalStreams& g = sharder.global(microbatch);
   const Layout l = sharder.layout(microbatch, rank);
+  // One key range per rank: the gathered keys in rank order hold it only when the rank's
+  // tokens are one run of positions.
+  for (std::size_t j = 1; j < l.positions.size(); ++j)
+    if (l.positions[j] != l.positions[j - 1] + 1)
+      raise("layout",
+            "attention offsets cover one fragment per rank (\"contiguous\" layouts) so "
+            "far; rank ",
+            rank, " of this \"", sharder.options().layout, "\" layout holds more");
+  const std::int64_t begin = l.positions.front(), end = l.positions.back() + 1;
   const Eigen::Index rows = g.labels.rows();
   std::vector<std::vector<std::int64_t>> starts;
   for (Eigen::Index b = 0; b < rows; ++b) starts.push_back(document_starts(g, b));
 
   AttentionOffsets out;
-  out.k_end = l.end;
-  out.k_begin = l.end;
-  for (const auto& s : starts) out.k_begin = std::min(out.k_begin, s[l.begin]);
+  out.k_end = end;
+  out.k_begin = end;
+  for (const auto& s : starts) out.k_begin = std::min(out.k_begin, s[begin]);
 
   std::vector<std::int64_t> q{0}, k{0};
   auto add = [&](std::int64_t q_len, std::int64_t k_len) {
@@ -68,10 +77,10 @@ AttentionOffsets attention_offsets(const Sharder& sharder, int microbatch, int r
   for (Eigen::Index b = 0; b < rows; ++b) {
     const auto& s = starts[static_cast<std::size_t>(b)];
     std::int64_t key = out.k_begin;  // the next key of this row's slice not yet covered
-    std::int64_t t = l.begin;
-    while (t < l.end) {
+    std::int64_t t = begin;
+    while (t < end) {
       std::int64_t u = t + 1;
-      while (u < l.end && s[u] == s[t]) ++u;
+      while (u < end && s[u] == s[t]) ++u;
       // Keys this row's slice skips before the fragment's document: a segment with no query.
       if (s[t] > key) add(0, s[t] - key);
       add(u - t, u - s[t]);

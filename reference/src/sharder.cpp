@@ -5,12 +5,6 @@
 
 namespace cpkit::reference {
 
-std::int64_t padded_length(std::int64_t seq_len, int cp_size, int pad_multiple) {
-  if (cp_size == 1) return seq_len;  // CP = 1 is the identity on layout: no padding
-  const std::int64_t multiple = static_cast<std::int64_t>(cp_size) * pad_multiple;
-  return (seq_len + multiple - 1) / multiple * multiple;
-}
-
 Sharder::Sharder(ShardOptions options, std::vector<GlobalStreams> microbatches,
                  std::vector<Image> images)
     : options_(options), microbatches_(std::move(microbatches)), images_(std::move(images)) {}
@@ -39,20 +33,29 @@ Layout Sharder::layout(int microbatch, int rank) const {
   layout.seq_len = g.seq_len;
   layout.padded_len = g.padded_len;
   layout.local_len = g.padded_len / options_.cp_size;
-  layout.begin = rank * layout.local_len;
-  layout.end = layout.begin + layout.local_len;
+  layout.positions = g.owned[static_cast<std::size_t>(rank)];
+  const bool contiguous = options_.layout == "contiguous";
+  layout.begin = contiguous ? rank * layout.local_len : -1;
+  layout.end = contiguous ? layout.begin + layout.local_len : -1;
   return layout;
 }
 
 namespace {
+// The columns (tokens) at the layout's positions, in local order.
 template <class Scalar>
 Matrix<Scalar> cut_columns(const Matrix<Scalar>& m, const Layout& l) {
-  return m.middleCols(l.begin, l.local_len);
+  Matrix<Scalar> out(m.rows(), l.local_len);
+  for (Eigen::Index j = 0; j < l.local_len; ++j) out.col(j) = m.col(l.positions[j]);
+  return out;
 }
 
 FloatRows cut_rows(const FloatRows& rows, const Layout& l) {
   FloatRows out;
-  for (const auto& row : rows) out.push_back(row.middleRows(l.begin, l.local_len));
+  for (const auto& row : rows) {
+    FloatMatrix mine(l.local_len, row.cols());
+    for (Eigen::Index j = 0; j < l.local_len; ++j) mine.row(j) = row.row(l.positions[j]);
+    out.push_back(mine);
+  }
   return out;
 }
 }  // namespace
@@ -99,7 +102,8 @@ FloatRows Sharder::cut_spliced_backward(int microbatch, int rank,
       raise("grad_local", "row ", b, " has ", grad_local[b].rows(), " tokens, expected ",
             l.local_len);
     FloatMatrix padded = FloatMatrix::Zero(l.padded_len, grad_local[b].cols());
-    padded.middleRows(l.begin, l.local_len) = grad_local[b];
+    for (Eigen::Index j = 0; j < l.local_len; ++j)
+      padded.row(l.positions[j]) = grad_local[b].row(j);
     grads.push_back(padded.topRows(l.seq_len));
   }
   return grads;

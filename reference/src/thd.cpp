@@ -72,7 +72,12 @@ GlobalStreams packed_microbatch(const PackedBatch& batch, const ShardOptions& op
   const std::vector<Document> docs = parse_documents(batch, row, T);
   GlobalStreams g;
   g.seq_len = T;
-  g.padded_len = padded_length(T, options.cp_size, options.pad_multiple);
+  g.padded_len = layout_padded_length(options.layout, T, options.cp_size, options.pad_multiple);
+  std::vector<std::int64_t> slots;
+  for (const Document& d : docs) slots.push_back(d.slot);
+  g.owned = options.layout == "balanced"
+                ? plan_balanced_positions(slots, g.padded_len, options.cp_size)
+                : plan_positions(options.layout, g.padded_len, options.cp_size);
   const auto T_pad = g.padded_len;
   g.labels.resize(1, T_pad);
   g.position_ids.resize(1, T_pad);

@@ -90,7 +90,8 @@ TEST_P(OptimizedGolden, LossMatchesTheOracleOnRealRanks) {
       const auto& mb = c.microbatches[m];
       std::vector<float> flat;
       for (const auto& row : mb.logits)
-        for (std::int64_t j = l.layout.begin; j < l.layout.end; ++j)
+        for (std::int64_t j = l.layout.fragments.front().begin; j < l.layout.fragments.back().end;
+             ++j)
           flat.insert(flat.end(), row[j].begin(), row[j].end());
       const at::Tensor logits = at::tensor(flat)
                                     .view({l.labels.size(0), l.layout.local_len, c.vocab})
@@ -194,7 +195,9 @@ TEST_P(OptimizedLinearGolden, MatchesTheOracleOnRealRanks) {
       const LinearMicrobatch& mb = c.microbatches[m];
       Floats2 mine;
       for (const auto& row : mb.hidden)
-        for (std::int64_t j = l.layout.begin; j < l.layout.end; ++j) mine.push_back(row[j]);
+        for (std::int64_t j = l.layout.fragments.front().begin; j < l.layout.fragments.back().end;
+             ++j)
+          mine.push_back(row[j]);
       const LinearRank& e = mb.ranks[rank];
       for (const int64_t chunk : {0, 1, 3}) {
         const at::Tensor hidden =

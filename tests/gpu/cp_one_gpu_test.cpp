@@ -48,17 +48,19 @@ Step run_step(at::Device device, const MeshPtr& mesh) {
   out.ids = l.input_ids.cpu();
   out.positions = l.position_ids.cpu();
   out.gathered = gather_tokens(l.position_ids.t().contiguous(), mesh, false).cpu();
-  const at::Tensor logits = global_logits.narrow(1, l.layout.begin, l.layout.local_len)
-                                .contiguous()
-                                .to(device)
-                                .requires_grad_(true);
+  const at::Tensor logits =
+      global_logits.narrow(1, l.layout.fragments.front().begin, l.layout.local_len)
+          .contiguous()
+          .to(device)
+          .requires_grad_(true);
   const at::Tensor loss = shifted_cp_loss(logits, l.labels, l.valid, mesh, {.softcap = 30.0});
   out.loss = loss.detach().cpu();
   out.grad = torch::autograd::grad({loss}, {logits})[0].cpu();
-  const at::Tensor hidden = global_hidden.narrow(1, l.layout.begin, l.layout.local_len)
-                                .contiguous()
-                                .to(device)
-                                .requires_grad_(true);
+  const at::Tensor hidden =
+      global_hidden.narrow(1, l.layout.fragments.front().begin, l.layout.local_len)
+          .contiguous()
+          .to(device)
+          .requires_grad_(true);
   LinearLossOptions options;
   options.chunk_rows = 5;
   const at::Tensor head = shifted_cp_linear_loss(hidden, weight, l.labels, l.valid, mesh, options);

@@ -237,6 +237,21 @@ TEST(CudaSharder, BshdShardsEqualCpuShards) {
     }
 }
 
+// Rows of 2 GiB and more exceed cudaMemcpy2D's pitch limit: the BSHD cut must still be the
+// batch's columns (ATen's copy then), not an error.
+TEST(CudaSharder, BshdRowsOverTwoGiBCutCorrectly) {
+  const int64_t S = 1 << 20, H = 1025;  // one row: S * H * 2 bytes > 2 GiB
+  CPBatch b;
+  b.inputs_embeds = at::arange(S * H, at::TensorOptions().dtype(at::kFloat).device(kCuda))
+                        .remainder(251)
+                        .to(at::kBFloat16)
+                        .view({1, S, H});
+  b.labels = at::zeros({1, S}, at::TensorOptions().dtype(at::kLong).device(kCuda));
+  const Sharder s = prepare_cp_inputs_for(b, 4, 1);
+  const at::Tensor got = s.local(0, 2).inputs_embeds;
+  EXPECT_TRUE(at::equal(got, b.inputs_embeds.narrow(1, 2 * S / 4, S / 4)));
+}
+
 TEST(NcclMesh, CollectivesAtCpOne) {
   const std::string store = "/tmp/cpkit-nccl-" + std::to_string(getpid());
   const MeshPtr mesh = make_nccl_mesh_from_store(store, 0, 1, 0);

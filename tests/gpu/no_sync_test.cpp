@@ -15,7 +15,9 @@
 
 #include <chrono>
 #include <thread>
+#include <vector>
 
+#include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/nccl_mesh.hpp"
 #include "cpkit/optimized/sharder.hpp"
@@ -120,6 +122,32 @@ TEST(NoHostSync, GlobalModeCaptureSurvivesThePendingWatchdog) {
   EXPECT_TRUE(at::allclose(captured.loss, eager.loss, 1e-6, 0));
   EXPECT_TRUE(at::allclose(captured.grad, eager.grad, 1e-6, 0));
   unlink(store.c_str());
+}
+
+// THD sharding of CUDA tensors copies its document offsets from the host: inside capture it
+// raises, naming them, instead of recording a copy that a replay would feed stale offsets.
+TEST(NoHostSync, PackedShardingRefusesCapture) {
+  CPBatch b;
+  b.qkv_format = "thd";
+  b.input_ids =
+      at::arange(100, 120, at::TensorOptions().dtype(at::kLong).device(kCuda)).unsqueeze(0);
+  b.labels = b.input_ids.clone();
+  b.seq_lens = at::tensor(std::vector<int64_t>{7, 13}, at::kLong).unsqueeze(0);
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
+  at::cuda::CUDAGraph graph;
+  {
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    try {
+      prepare_packed_cp_inputs_for(b, 2, 1).local(0, 1);
+      ADD_FAILURE() << "THD sharding was captured";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("document offsets come from the host"),
+                std::string::npos)
+          << e.what();
+    }
+    graph.capture_end();
+  }
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 // The NCCL communicator's watchdog logic (comm/fault_watch.hpp) on the CPU, driven by fake
 // hooks: a stalled operation or an engine error aborts the engine once and makes the next
-// operation raise an error naming the one that failed; completed operations are released.
+// operation raise an error naming the one that failed; completed operations are released; no
+// abort while an operation is being enqueued; a failed enqueue is final; background calls
+// (a non-blocking init) are waited on for at most the timeout. Then the store keys that
+// keep a second mesh from reading the first one's NCCL id.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,7 +12,10 @@
 #include <string>
 #include <thread>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
 #include "comm/fault_watch.hpp"
+#include "comm/store_meshes.hpp"
 #include "cpkit/optimized/error.hpp"
 
 namespace cpkit::detail {
@@ -63,17 +69,21 @@ std::string fault_of(const FaultWatch& watch) {
 
 int tokens[4];
 
+void watch(FaultWatch& w, const char* operation, void* token) {
+  w.enqueue(operation, [token] { return token; });
+}
+
 TEST(FaultWatch, CompletedOperationsAreReleasedAndNothingFails) {
   FakeEngine engine;
   {
-    FaultWatch watch(engine.hooks(), milliseconds(200), milliseconds(1));
+    FaultWatch watch_(engine.hooks(), milliseconds(200), milliseconds(1));
     for (int& t : tokens) {
       engine.finish(&t);
-      watch.watch("all-gather", &t);
+      watch(watch_, "all-gather", &t);
     }
     std::this_thread::sleep_for(milliseconds(400));  // past the timeout: all were complete
-    EXPECT_EQ(watch.fault(), "");
-    EXPECT_NO_THROW(watch.raise_if_failed("reduce-scatter"));
+    EXPECT_EQ(watch_.fault(), "");
+    EXPECT_NO_THROW(watch(watch_, "reduce-scatter", nullptr));
   }
   for (int& t : tokens) EXPECT_EQ(engine.released_count(&t), 1u);
   EXPECT_EQ(engine.aborts.load(), 0);
@@ -81,45 +91,124 @@ TEST(FaultWatch, CompletedOperationsAreReleasedAndNothingFails) {
 
 TEST(FaultWatch, AStalledOperationAbortsAndTheNextOneRaises) {
   FakeEngine engine;
-  FaultWatch watch(engine.hooks(), milliseconds(30), milliseconds(1));
+  FaultWatch watch_(engine.hooks(), milliseconds(30), milliseconds(1));
   engine.finish(&tokens[0]);
-  watch.watch("all-gather", &tokens[0]);
-  watch.watch("reduce-scatter", &tokens[1]);  // its peer never answers
-  const std::string fault = fault_of(watch);
+  watch(watch_, "all-gather", &tokens[0]);
+  watch(watch_, "reduce-scatter", &tokens[1]);  // its peer never answers
+  const std::string fault = fault_of(watch_);
   EXPECT_NE(fault.find("reduce-scatter did not complete within 30 ms"), std::string::npos) << fault;
   EXPECT_EQ(engine.aborts.load(), 1);
+  bool enqueued = false;
   try {
-    watch.raise_if_failed("all-reduce");
+    watch_.enqueue("all-reduce", [&]() -> void* {
+      enqueued = true;
+      return nullptr;
+    });
     FAIL() << "no error after the abort";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "mesh");
     EXPECT_NE(std::string(e.what()).find("all-reduce cannot run"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("reduce-scatter did not complete"), std::string::npos);
   }
+  EXPECT_FALSE(enqueued);  // nothing reaches an aborted engine
   std::this_thread::sleep_for(milliseconds(50));
   EXPECT_EQ(engine.aborts.load(), 1);  // aborted once
 }
 
 TEST(FaultWatch, AnEngineErrorAbortsNamingThePendingOperation) {
   FakeEngine engine;
-  FaultWatch watch(engine.hooks(), milliseconds(60000), milliseconds(1));
-  watch.watch("loss-halo send/recv", &tokens[2]);
+  FaultWatch watch_(engine.hooks(), milliseconds(60000), milliseconds(1));
+  watch(watch_, "loss-halo send/recv", &tokens[2]);
   {
     const std::lock_guard<std::mutex> lock(engine.mutex);
     engine.error = "remote process exited or there was a network error";
   }
-  const std::string fault = fault_of(watch);
+  const std::string fault = fault_of(watch_);
   EXPECT_NE(fault.find("loss-halo send/recv failed: remote process exited"), std::string::npos)
       << fault;
   EXPECT_EQ(engine.aborts.load(), 1);
-  EXPECT_THROW(watch.raise_if_failed("all-gather"), Error);
+  EXPECT_THROW(watch(watch_, "all-gather", nullptr), Error);
 }
 
 TEST(FaultWatch, PendingTokensAreReleasedOnDestruction) {
   FakeEngine engine;
-  { FaultWatch(engine.hooks(), milliseconds(60000)).watch("all-gather", &tokens[3]); }
+  {
+    FaultWatch watch_(engine.hooks(), milliseconds(60000));
+    watch(watch_, "all-gather", &tokens[3]);
+  }
   EXPECT_EQ(engine.released_count(&tokens[3]), 1u);
   EXPECT_EQ(engine.aborts.load(), 0);
+}
+
+// The watchdog cannot abort (free) the engine while an operation is being enqueued: a stalled
+// operation's timeout passes during a slow enqueue, and the abort waits for the enqueue.
+TEST(FaultWatch, NoAbortWhileAnOperationIsEnqueued) {
+  FakeEngine engine;
+  FaultWatch watch_(engine.hooks(), milliseconds(10), milliseconds(1));
+  watch(watch_, "all-gather", &tokens[0]);  // never completes
+  int aborts_during_enqueue = -1;
+  watch_.enqueue("reduce-scatter", [&]() -> void* {
+    std::this_thread::sleep_for(milliseconds(100));  // ten timeouts
+    aborts_during_enqueue = engine.aborts.load();
+    return nullptr;
+  });
+  EXPECT_EQ(aborts_during_enqueue, 0);
+  EXPECT_NE(fault_of(watch_).find("all-gather did not complete"), std::string::npos);
+  EXPECT_EQ(engine.aborts.load(), 1);
+}
+
+// An enqueue that throws (NCCL refused the call, or a connection never settled) leaves the
+// engine unusable: recorded, aborted, rethrown, and the next operation raises.
+TEST(FaultWatch, AFailedEnqueueIsFinal) {
+  FakeEngine engine;
+  FaultWatch watch_(engine.hooks(), milliseconds(60000), milliseconds(1));
+  EXPECT_THROW(
+      watch_.enqueue("all-gather", []() -> void* { raise("mesh", "NCCL all-gather failed: x"); }),
+      Error);
+  EXPECT_NE(watch_.fault().find("all-gather could not be enqueued"), std::string::npos)
+      << watch_.fault();
+  EXPECT_EQ(engine.aborts.load(), 1);
+  EXPECT_THROW(watch(watch_, "all-reduce", nullptr), Error);
+}
+
+TEST(WaitSettled, DoneFailedOrTimedOut) {
+  int polls = 0;
+  EXPECT_EQ(wait_settled(
+                [&] {
+                  return EngineState{++polls < 5 ? Progress::kInProgress : Progress::kDone, ""};
+                },
+                milliseconds(5000)),
+            "");
+  EXPECT_EQ(polls, 5);
+  EXPECT_EQ(wait_settled(
+                [] {
+                  return EngineState{Progress::kFailed, "remote process exited"};
+                },
+                milliseconds(5000)),
+            "remote process exited");
+  // A peer that never joins: bounded by the timeout, not forever.
+  const auto start = std::chrono::steady_clock::now();
+  const std::string failed = wait_settled(
+      [] {
+        return EngineState{Progress::kInProgress, ""};
+      },
+      milliseconds(50));
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_NE(failed.find("did not finish within 50 ms"), std::string::npos) << failed;
+  EXPECT_LT(took, std::chrono::seconds(2));
+}
+
+// Each rank's n-th mesh over a store reads the n-th key: ranks agree, meshes never share one.
+TEST(StoreKeys, TheNthMeshOfEachRankSharesAKeyAndNoOtherDoes) {
+  c10d::HashStore store;
+  const std::string first0 = next_mesh_key(store, "nccl_unique_id", 0);
+  const std::string second0 = next_mesh_key(store, "nccl_unique_id", 0);
+  const std::string first1 = next_mesh_key(store, "nccl_unique_id", 1);
+  const std::string second1 = next_mesh_key(store, "nccl_unique_id", 1);
+  EXPECT_EQ(first0, first1);
+  EXPECT_EQ(second0, second1);
+  EXPECT_NE(first0, second0);
+  EXPECT_NE(next_mesh_key(store, "other", 0), first0);
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ TEST(OptimizedSharder, HandWorkedBshd) {
   const Sharder s = prepare_cp_inputs_for(hand_bshd(), 2);
   const LocalShard r0 = s.local(0, 0), r1 = s.local(0, 1);
   EXPECT_EQ(r1.layout.padded_len, 6);
-  EXPECT_EQ(r1.layout.begin, 3);
+  EXPECT_EQ(r1.layout.fragments.front().begin, 3);
   expect_equal(r0.input_ids, ints({11, 12, 13}), "ids r0");
   expect_equal(r1.input_ids, ints({14, 15, 0}), "ids r1");
   expect_equal(r1.labels, ints({3, 0, -100}), "labels r1");
@@ -116,7 +116,8 @@ TEST(OptimizedSharder, ShardPrimaryFalseCutEqualsEagerShard) {
       (cut * (r + 1.0)).sum().backward();
       const Layout lay = lazy.layout(0, r);
       for (int64_t t = 0; t < spliced.size(1); ++t) {
-        const double expected = t >= lay.begin && t < lay.end ? r + 1.0 : 0.0;
+        const double expected =
+            t >= lay.fragments.front().begin && t < lay.fragments.back().end ? r + 1.0 : 0.0;
         EXPECT_TRUE(spliced.grad()[0][t].eq(expected).all().item<bool>()) << "t " << t;
       }
     }

@@ -19,15 +19,19 @@ FaultWatch::~FaultWatch() {
   for (const Pending& p : pending_) hooks_.release(p.token);
 }
 
-void FaultWatch::raise_if_failed(const char* operation) const {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  if (!fault_.empty())
-    raise("mesh", operation, " cannot run: the communicator was aborted after ", fault_);
-}
-
-void FaultWatch::watch(const char* operation, void* token) {
+void FaultWatch::enqueue(const char* operation, const std::function<void*()>& enqueue) {
   {
     const std::lock_guard<std::mutex> lock(mutex_);
+    if (!fault_.empty())
+      raise("mesh", operation, " cannot run: the communicator was aborted after ", fault_);
+    void* token = nullptr;
+    try {
+      token = enqueue();
+    } catch (const std::exception& e) {
+      fail(std::string(operation) + " could not be enqueued: " + e.what());
+      throw;
+    }
+    if (token == nullptr) return;
     pending_.push_back({operation, token, std::chrono::steady_clock::now() + timeout_});
   }
   wake_.notify_all();
@@ -73,6 +77,20 @@ bool FaultWatch::poll_once() {
 void FaultWatch::fail(std::string message) {
   fault_ = std::move(message);
   hooks_.abort();
+}
+
+std::string wait_settled(const std::function<EngineState()>& state,
+                         std::chrono::milliseconds timeout, std::chrono::milliseconds poll) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const EngineState now = state();
+    if (now.progress == Progress::kDone) return "";
+    if (now.progress == Progress::kFailed) return now.error;
+    if (std::chrono::steady_clock::now() > deadline)
+      return "did not finish within " + std::to_string(timeout.count()) +
+             " ms (a peer rank died or stalled)";
+    std::this_thread::sleep_for(poll);
+  }
 }
 
 }  // namespace cpkit::detail

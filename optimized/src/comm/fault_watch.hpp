@@ -31,10 +31,12 @@ class FaultWatch {
   FaultWatch(const FaultWatch&) = delete;
   FaultWatch& operator=(const FaultWatch&) = delete;
 
-  // Before enqueueing `operation`: raises the recorded fault, if any.
-  void raise_if_failed(const char* operation) const;
-  // After enqueueing `operation`, with a token that completes with it.
-  void watch(const char* operation, void* token);
+  // Enqueues `operation` under the watch's lock, so the watchdog cannot abort (and free) the
+  // engine between the fault check and the enqueue: raises the recorded fault, if any; else
+  // runs `enqueue`, which returns a token that completes with the operation (watched from
+  // then on) or nullptr (nothing to follow). An `enqueue` that throws leaves the engine
+  // unusable: the error is recorded as the fault, the engine aborted, and the error rethrown.
+  void enqueue(const char* operation, const std::function<void*()>& enqueue);
   // The recorded fault ("" while there is none).
   std::string fault() const;
 
@@ -57,5 +59,19 @@ class FaultWatch {
   bool stopping_ = false;
   std::thread thread_;
 };
+
+// An engine call that completes in the background (a non-blocking NCCL init, a finalize, an
+// enqueue still connecting): its state as seen by one poll.
+enum class Progress { kDone, kInProgress, kFailed };
+struct EngineState {
+  Progress progress;
+  std::string error;  // what failed, for kFailed
+};
+
+// Polls `state` until it leaves kInProgress or `timeout` passes: "" once done, else what
+// failed (the engine's error, or that it did not finish within the timeout).
+std::string wait_settled(const std::function<EngineState()>& state,
+                         std::chrono::milliseconds timeout,
+                         std::chrono::milliseconds poll = std::chrono::milliseconds(1));
 
 }  // namespace cpkit::detail

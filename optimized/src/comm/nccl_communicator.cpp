@@ -16,6 +16,10 @@ namespace cpkit {
 
 namespace {
 
+using detail::EngineState;
+using detail::Progress;
+using detail::wait_settled;
+
 ncclDataType_t nccl_type(ScalarKind kind) {
   switch (kind) {
     case ScalarKind::kFloat32:
@@ -37,39 +41,82 @@ void check(ncclResult_t result, const char* operation) {
     raise("mesh", "NCCL ", operation, " failed: ", ncclGetErrorString(result));
 }
 
+// A non-blocking communicator's calls may return ncclInProgress: started, not failed.
+void check_started(ncclResult_t result, const char* operation) {
+  if (result != ncclInProgress) check(result, operation);
+}
+
+EngineState engine_state(ncclComm_t comm) {
+  ncclResult_t state = ncclSuccess;
+  if (ncclCommGetAsyncError(comm, &state) != ncclSuccess)
+    return {Progress::kFailed, "ncclCommGetAsyncError failed"};
+  if (state == ncclSuccess) return {Progress::kDone, ""};
+  if (state == ncclInProgress) return {Progress::kInProgress, ""};
+  return {Progress::kFailed, ncclGetErrorString(state)};
+}
+
+// Waits (at most `timeout`) for a call of a non-blocking communicator to finish; raises what
+// failed.
+void settle(ncclComm_t comm, const char* operation, std::chrono::milliseconds timeout) {
+  const std::string failed = wait_settled([comm] { return engine_state(comm); }, timeout);
+  if (!failed.empty()) raise("mesh", "NCCL ", operation, " failed: ", failed);
+}
+
 // ncclGroupEnd runs on every path out of a group, a throwing check included: a group left
 // open would swallow the next operation on this thread.
 class NcclGroup {
  public:
-  NcclGroup() { check(ncclGroupStart(), "group start"); }
+  NcclGroup() { check_started(ncclGroupStart(), "group start"); }
   ~NcclGroup() {
     if (open_) ncclGroupEnd();
   }
   NcclGroup(const NcclGroup&) = delete;
   NcclGroup& operator=(const NcclGroup&) = delete;
-  void end() {
+  ncclResult_t end() {
     open_ = false;
-    check(ncclGroupEnd(), "group end");
+    return ncclGroupEnd();
   }
 
  private:
   bool open_ = true;
 };
 
+// Restores the current CUDA device on scope exit.
+class DeviceRestore {
+ public:
+  DeviceRestore() { cudaGetDevice(&device_); }
+  ~DeviceRestore() { cudaSetDevice(device_); }
+  DeviceRestore(const DeviceRestore&) = delete;
+  DeviceRestore& operator=(const DeviceRestore&) = delete;
+
+ private:
+  int device_ = 0;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, std::function<void*()> stream, bool owned,
                    std::chrono::milliseconds timeout)
-      : comm_(comm), stream_(std::move(stream)), owned_(owned) {
+      : comm_(comm), stream_(std::move(stream)), owned_(owned), timeout_(timeout) {
     if (timeout.count() <= 0) raise("timeout", "must be positive, got ", timeout.count(), " ms");
     check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
     check(ncclCommCount(comm_, &size_), "ncclCommCount");
     if (cudaGetDevice(&device_) != cudaSuccess) raise("device", "cudaGetDevice failed");
     watch_.emplace(watch_hooks(), timeout);
   }
+  // Never hangs on a dead peer: finalize is waited on for at most the timeout, then the
+  // communicator is aborted instead of destroyed.
   ~NcclCommunicator() override {
+    const bool failed = !watch_->fault().empty();
     watch_.reset();  // stops the watchdog before the communicator goes
-    if (owned_ && !aborted_.load()) ncclCommDestroy(comm_);
+    if (!owned_ || aborted_.load()) return;
+    const ncclResult_t finalize = ncclCommFinalize(comm_);
+    const bool clean = !failed && (finalize == ncclSuccess || finalize == ncclInProgress) &&
+                       wait_settled([this] { return engine_state(comm_); }, timeout_).empty();
+    if (clean)
+      ncclCommDestroy(comm_);
+    else
+      ncclCommAbort(comm_);
   }
 
   int rank() const override { return rank_; }
@@ -98,33 +145,37 @@ class NcclCommunicator final : public Communicator {
     run("loss-halo send/recv", [&](cudaStream_t s) {
       NcclGroup group;
       if (rank_ + 1 < size_)
-        check(ncclRecv(recv, count, nccl_type(kind), rank_ + 1, comm_, s), "recv");
-      if (rank_ > 0) check(ncclSend(send, count, nccl_type(kind), rank_ - 1, comm_, s), "send");
-      group.end();
-      return ncclSuccess;
+        check_started(ncclRecv(recv, count, nccl_type(kind), rank_ + 1, comm_, s), "recv");
+      if (rank_ > 0)
+        check_started(ncclSend(send, count, nccl_type(kind), rank_ - 1, comm_, s), "send");
+      return group.end();
     });
   }
 
  private:
-  // Enqueues one operation on the caller's stream and hands the watchdog an event recorded
-  // after it.
+  // Enqueues one operation on the caller's stream (under the watch's lock: no abort can free
+  // the communicator meanwhile) and hands the watchdog an event recorded after it.
   template <class Enqueue>
   void run(const char* operation, Enqueue&& enqueue) {
-    watch_->raise_if_failed(operation);
-    const cudaStream_t s = static_cast<cudaStream_t>(stream_());
-    check(enqueue(s), operation);
-    // Inside CUDA-graph capture the operation runs only at replay, which the watchdog cannot
-    // follow; replays are waited on by the caller.
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(s, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
-      return;
-    cudaEvent_t event = nullptr;
-    if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventRecord(event, s) != cudaSuccess) {
-      if (event != nullptr) cudaEventDestroy(event);
-      raise("mesh", "recording a CUDA event after NCCL ", operation, " failed");
-    }
-    watch_->watch(operation, event);
+    watch_->enqueue(operation, [&]() -> void* {
+      const cudaStream_t s = static_cast<cudaStream_t>(stream_());
+      const ncclResult_t started = enqueue(s);
+      check_started(started, operation);
+      if (started == ncclInProgress) settle(comm_, operation, timeout_);
+      // Inside CUDA-graph capture the operation runs only at replay, which the watchdog
+      // cannot follow; replays are waited on by the caller.
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(s, &capture) != cudaSuccess ||
+          capture != cudaStreamCaptureStatusNone)
+        return nullptr;
+      cudaEvent_t event = nullptr;
+      if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess ||
+          cudaEventRecord(event, s) != cudaSuccess) {
+        if (event != nullptr) cudaEventDestroy(event);
+        raise("mesh", "recording a CUDA event after NCCL ", operation, " failed");
+      }
+      return event;
+    });
   }
 
   detail::FaultWatch::Hooks watch_hooks() {
@@ -143,10 +194,15 @@ class NcclCommunicator final : public Communicator {
           if (state == ncclSuccess || state == ncclInProgress) return "";
           return ncclGetErrorString(state);
         },
+        // Only a communicator cpkit made is aborted (in-flight kernels exit, waits on the
+        // stream return). A caller's (make_nccl_mesh) is theirs to abort: aborting frees it,
+        // and their own destroy would then free it twice. The recorded fault stops every
+        // later operation either way.
         .abort =
             [this] {
+              if (!owned_) return;
               aborted_.store(true);
-              ncclCommAbort(comm_);  // in-flight kernels exit; waits on the stream return
+              ncclCommAbort(comm_);
             },
     };
   }
@@ -168,6 +224,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_;
   std::function<void*()> stream_;
   bool owned_;
+  std::chrono::milliseconds timeout_;
   int rank_ = 0;
   int size_ = 1;
   int device_ = 0;
@@ -199,9 +256,19 @@ MeshPtr nccl_mesh_from_id(const std::vector<char>& id_bytes, int rank, int size,
     raise("store", "NCCL unique id has ", id_bytes.size(), " bytes, expected ",
           sizeof(id.internal));
   std::copy(id_bytes.begin(), id_bytes.end(), id.internal);
+  const DeviceRestore restore;  // the caller's current device is theirs
   if (cudaSetDevice(device) != cudaSuccess) raise("device", "cudaSetDevice(", device, ") failed");
+  // Non-blocking init, polled: a peer that never joins raises within the timeout instead of
+  // blocking ncclCommInitRank forever.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
   ncclComm_t comm = nullptr;
-  check(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank");
+  check_started(ncclCommInitRankConfig(&comm, size, id, rank, &config), "ncclCommInitRankConfig");
+  const std::string failed = wait_settled([comm] { return engine_state(comm); }, timeout);
+  if (!failed.empty()) {
+    ncclCommAbort(comm);
+    raise("mesh", "NCCL init of rank ", rank, " of ", size, " failed: ", failed);
+  }
   return std::make_shared<NcclCommunicator>(comm, std::move(stream), /*owned=*/true, timeout);
 }
 

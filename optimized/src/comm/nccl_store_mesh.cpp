@@ -16,7 +16,7 @@ MeshPtr nccl_mesh_over_store(const c10::intrusive_ptr<c10d::Store>& store, int r
                              int device, std::chrono::milliseconds timeout) {
   if (size < 1) raise("size", "must be >= 1, got ", size);
   if (rank < 0 || rank >= size) raise("rank", "must be in [0, ", size, "), got ", rank);
-  const std::string key = "cpkit_nccl_unique_id";
+  const std::string key = next_mesh_key(*store, "nccl_unique_id", rank);
   if (rank == 0) {
     const std::vector<char> id = nccl_unique_id();
     store->set(key, std::vector<uint8_t>(id.begin(), id.end()));

@@ -22,4 +22,9 @@ MeshPtr gloo_mesh_over_store(const c10::intrusive_ptr<c10d::Store>& store, int r
 MeshPtr nccl_mesh_over_store(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                              int device, std::chrono::milliseconds timeout);
 
+// The key of the value (`what`, e.g. "nccl_unique_id") for the n-th mesh that `rank` makes
+// over `store`: ranks making their n-th mesh agree on it, and a later mesh never reads an
+// earlier one's (stale) value, as a fixed key would let it.
+std::string next_mesh_key(c10d::Store& store, const std::string& what, int rank);
+
 }  // namespace cpkit::detail

@@ -12,4 +12,9 @@ void* current_stream(const at::Tensor& t) {
 // No CUDA runtime here: CUDA tensors (a CUDA LibTorch) take the caller's ATen copy.
 bool copy_rows_2d(const at::Tensor&, const at::Tensor&) { return false; }
 
+// No CUDA kernels (and so no graph capture to guard against): a plain copy.
+at::Tensor upload(const at::Tensor& host, const at::Device& device, const char*) {
+  return host.to(device);
+}
+
 }  // namespace cpkit::detail

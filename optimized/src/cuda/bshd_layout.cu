@@ -22,8 +22,9 @@ void bshd_layout_cuda(const BshdLayoutArgs& args, void* stream) {
   if (tokens == 0) return;
   constexpr int kThreads = 256;
   const auto blocks = static_cast<unsigned>((tokens + kThreads - 1) / kThreads);
-  bshd_layout_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(args);
-  check_launch("bshd_layout_kernel");
+  checked_launch("bshd_layout_kernel", [&] {
+    bshd_layout_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(args);
+  });
 }
 
 }  // namespace cpkit::kernels

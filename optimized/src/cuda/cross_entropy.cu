@@ -8,6 +8,7 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <stdexcept>
 #include <string>
@@ -228,6 +229,13 @@ DeviceLimits limits_of_current_device() {
     cudaDeviceGetAttribute(&cluster, cudaDevAttrClusterLaunch, device);
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     cache[device] = {major, cluster != 0, static_cast<std::size_t>(optin)};
+    // The cluster kernel's shared-memory limit, set once per device to the most any plan
+    // takes (one value: threads that race here write the same one).
+    if (major >= 9)
+      check_cuda(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(std::min<std::size_t>(
+                                          kClusterBlockBudget, cache[device].shared_bytes_optin))),
+                 "cudaFuncSetAttribute(cluster_kernel)");
     known[device].store(true);
   }
   return cache[device];
@@ -236,9 +244,6 @@ DeviceLimits limits_of_current_device() {
 // Launches the cluster kernel; false (nothing launched) when the device cannot co-schedule
 // a cluster of this plan (its blocks must fit one GPC at once).
 bool launch_cluster(const CrossEntropyArgs& args, const ClusterPlan& plan, cudaStream_t stream) {
-  check_cuda(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(plan.shared_bytes)),
-             "cudaFuncSetAttribute(cluster_kernel)");
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(args.rows * plan.blocks));
   config.blockDim = dim3(kThreads);
@@ -278,8 +283,9 @@ void cross_entropy_cuda(const CrossEntropyArgs& args, void* stream) {
         "most 8 x 112 KB and a device that co-schedules the cluster; V = " +
         std::to_string(args.vocab));
   }
-  two_pass_kernel<<<static_cast<unsigned>(args.rows), kThreads, 0, s>>>(args);
-  check_launch("two_pass_kernel");
+  checked_launch("two_pass_kernel", [&] {
+    two_pass_kernel<<<static_cast<unsigned>(args.rows), kThreads, 0, s>>>(args);
+  });
 }
 
 }  // namespace cpkit::kernels

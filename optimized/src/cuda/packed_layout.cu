@@ -25,8 +25,9 @@ void packed_layout_cuda(const PackedLayoutArgs& args, void* stream) {
   if (args.count == 0) return;
   constexpr int kThreads = 256;
   const auto blocks = static_cast<unsigned>((args.count + kThreads - 1) / kThreads);
-  packed_layout_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(args);
-  check_launch("packed_layout_kernel");
+  checked_launch("packed_layout_kernel", [&] {
+    packed_layout_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(args);
+  });
 }
 
 }  // namespace cpkit::kernels

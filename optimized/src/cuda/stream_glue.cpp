@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
+#include "cpkit/optimized/error.hpp"
 #include "cuda_glue.hpp"
 
 namespace cpkit::detail {
@@ -34,10 +35,28 @@ bool copy_rows_2d(const at::Tensor& dst, const at::Tensor& src) {
   };
   if (pitch(dst) < width || pitch(src) < width) return false;  // overlapping rows
   const c10::cuda::CUDAGuard on_device(dst.device());
+  // cudaMemcpy2D takes pitches below the device's limit (2 GiB on current GPUs): rows of
+  // larger batches take ATen's copy instead.
+  int max_pitch = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, dst.device().index()));
+  const auto limit = static_cast<size_t>(max_pitch);
+  if (pitch(dst) > limit || pitch(src) > limit) return false;
   C10_CUDA_CHECK(cudaMemcpy2DAsync(dst.data_ptr(), pitch(dst), src.data_ptr(), pitch(src), width,
                                    static_cast<size_t>(dst.size(0)), cudaMemcpyDeviceToDevice,
                                    c10::cuda::getCurrentCUDAStream(dst.device().index())));
   return true;
+}
+
+at::Tensor upload(const at::Tensor& host, const at::Device& device, const char* what) {
+  if (device.is_cpu()) return host;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(
+      cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device.index()).stream(), &capture));
+  if (capture != cudaStreamCaptureStatusNone)
+    raise("device", what,
+          " come from the host and cannot be captured into a CUDA graph (a replay would copy "
+          "stale values): compute them before capture begins");
+  return host.pin_memory().to(device, /*non_blocking=*/true);
 }
 
 }  // namespace cpkit::detail

@@ -41,9 +41,10 @@ void scale_by_upstream_cuda(float* grad, std::int64_t n, const float* upstream, 
   if (n == 0) return;
   const std::int64_t wanted = (n / 4 + kThreads - 1) / kThreads;
   const unsigned blocks = wanted < kMaxBlocks ? static_cast<unsigned>(wanted) + 1 : kMaxBlocks;
-  scale_by_upstream_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(grad, n,
-                                                                                       upstream);
-  check_launch("scale_by_upstream_kernel");
+  checked_launch("scale_by_upstream_kernel", [&] {
+    scale_by_upstream_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(grad, n,
+                                                                                         upstream);
+  });
 }
 
 }  // namespace cpkit::kernels

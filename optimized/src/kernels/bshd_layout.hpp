@@ -18,8 +18,9 @@ struct BshdLayoutArgs {
   const std::int64_t* positions;  // given position_ids like labels, or null
   std::int64_t labels_pitch, mask_pitch, positions_pitch;
   std::int64_t rows, seq_len;
-  std::int64_t begin;  // first global column of the shard
-  std::int64_t count;  // columns in the shard (local_len); outputs are [rows, count]
+  std::int64_t begin;      // first global column of this fragment of the shard
+  std::int64_t count;      // its columns; outputs are [rows, count] with rows out_pitch apart
+  std::int64_t out_pitch;  // the shard's local_len
   std::int64_t* position;
   std::int64_t* document;
   bool* padding;
@@ -27,7 +28,7 @@ struct BshdLayoutArgs {
   bool* valid;
 };
 
-// Token (row, j) of the shard: global column t = begin + j.
+// Token (row, j) of the fragment: global column t = begin + j.
 CPKIT_HOST_DEVICE inline void bshd_token(const BshdLayoutArgs& a, std::int64_t row,
                                          std::int64_t j) {
   const std::int64_t t = a.begin + j, S = a.seq_len;
@@ -40,7 +41,7 @@ CPKIT_HOST_DEVICE inline void bshd_token(const BshdLayoutArgs& a, std::int64_t r
   }
   const std::int64_t label =
       sharded_label(padding, past_end ? kIgnoreLabel : a.labels[row * a.labels_pitch + t]);
-  const std::int64_t out = row * a.count + j;
+  const std::int64_t out = row * a.out_pitch + j;
   a.position[out] = position;
   a.document[out] = past_end ? 0 : 1;
   a.padding[out] = padding;

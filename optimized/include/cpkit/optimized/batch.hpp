@@ -4,6 +4,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include "cpkit/optimized/layout.hpp"
+
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -28,10 +30,12 @@ struct CPBatch {
   static CPBatch from_map(const std::unordered_map<std::string, c10::IValue>& values);
 };
 
-// How sequences are padded before the cut (docs/spec.md section 2).
+// How sequences are padded before the cut and which rank owns which tokens (docs/spec.md
+// sections 2 and 2b).
 struct PadOptions {
-  int pad_multiple = 1;           // S_pad is a multiple of CP * pad_multiple
+  int pad_multiple = 1;           // S_pad is a multiple of CP * pad_multiple (2 CP for head_tail)
   std::int64_t pad_token_id = 0;  // written into padded id positions
+  LayoutKind layout = LayoutKind::kContiguous;
 };
 
 }  // namespace cpkit

@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "cpkit/optimized/communicator.hpp"
+#include "cpkit/optimized/sharder.hpp"
 
 namespace cpkit {
 
@@ -16,5 +17,11 @@ at::Tensor gather_tokens(const at::Tensor& value, const MeshPtr& mesh, bool diff
 // [rank * N, (rank + 1) * N) (one reduce-scatter SUM). For autograd systems that register the
 // backward themselves (the Python package); gather_tokens(..., true) already uses it.
 at::Tensor reduce_scatter_tokens(const at::Tensor& grad, const MeshPtr& mesh);
+
+// Per-token values of this rank's shard [rows, L, ...] (local order, e.g. per-token losses or
+// log-probabilities) -> [rows, S_pad, ...] in global order, on every rank: gather_tokens
+// along the token axis, then the layout's inverse permutation. Differentiable (the gradient of
+// a rank's own tokens, summed over the ranks that used them).
+at::Tensor restore_order(const at::Tensor& local, const Layout& layout, const MeshPtr& mesh);
 
 }  // namespace cpkit

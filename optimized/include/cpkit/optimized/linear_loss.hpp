@@ -6,14 +6,17 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "cpkit/optimized/communicator.hpp"
+#include "cpkit/optimized/layout.hpp"
 
 namespace cpkit {
 
 struct LinearLossOptions {
   double softcap = 0.0;    // > 0: the loss sees c * tanh(z / c), as in LossOptions
   int64_t chunk_rows = 0;  // token rows per chunk; 0: default_linear_loss_chunk_rows
+  std::shared_ptr<const LayoutPlan> layout = nullptr;  // as in LossOptions; none: contiguous
 };
 
 // The default chunk: as many rows as fit a budget of fp32 logits (256 MiB and at most 256 rows

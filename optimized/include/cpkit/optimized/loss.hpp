@@ -4,11 +4,17 @@
 #include <ATen/core/Tensor.h>
 
 #include "cpkit/optimized/communicator.hpp"
+#include "cpkit/optimized/layout.hpp"
+
+#include <memory>
 
 namespace cpkit {
 
 struct LossOptions {
   double softcap = 0.0;  // > 0: apply c * tanh(z / c) (and its chain rule) inside the kernel
+  // The layout the shards were cut with (Sharder::layout(m).plan); none: contiguous. It tells
+  // where each fragment's next token lives (docs/spec.md section 5).
+  std::shared_ptr<const LayoutPlan> layout = nullptr;
 };
 
 // HF shifted CE across shard boundaries. logits [B, L, V] float32, labels [B, L] int64

@@ -4,23 +4,29 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <vector>
 
 #include "cpkit/optimized/batch.hpp"
 #include "cpkit/optimized/communicator.hpp"
+#include "cpkit/optimized/layout.hpp"
 #include "cpkit/optimized/offsets.hpp"
 
 namespace cpkit {
 
+// One rank's place in a microbatch's layout (layout.hpp, docs/spec.md section 2b).
 struct Layout {
   int cp_size = 1;
   int rank = 0;
-  std::int64_t seq_len = 0;     // S (or T) as given
-  std::int64_t padded_len = 0;  // S_pad
-  std::int64_t local_len = 0;   // L = S_pad / CP
-  std::int64_t begin = 0;       // rank * L
-  std::int64_t end = 0;         // (rank + 1) * L
+  std::int64_t seq_len = 0;                // S (or T) as given
+  std::int64_t padded_len = 0;             // S_pad
+  std::int64_t local_len = 0;              // L = S_pad / CP
+  std::vector<Fragment> fragments;         // this rank's global ranges, in local order
+  std::shared_ptr<const LayoutPlan> plan;  // every rank's: the losses' halo, restore_order
 };
+
+// Rank `rank`'s Layout in `plan`.
+Layout layout_of(const std::shared_ptr<const LayoutPlan>& plan, int rank);
 
 struct LocalShard {
   Layout layout;
@@ -86,13 +92,15 @@ class Sharder {
   std::vector<Microbatch> microbatches_;
 };
 
-// The layout of `rank`'s shard of a sequence of `seq_len` tokens (docs/spec.md section 2).
-Layout shard_layout(std::int64_t seq_len, int cp_size, int rank, int pad_multiple = 1);
+// The layout of `rank`'s shard of a sequence of `seq_len` tokens (docs/spec.md sections 2
+// and 2b; `balanced` needs document lengths: plan_balanced).
+Layout shard_layout(std::int64_t seq_len, int cp_size, int rank, int pad_multiple = 1,
+                    LayoutKind kind = LayoutKind::kContiguous);
 
 // The padded cut without autograd, for autograd systems that register the backward
 // themselves (the Python package; Sharder::cut_spliced uses the same two):
-// x[rows, S, ...] -> [rows, L, ...] holding columns [begin, end), `fill` past S; and its
-// backward, the local gradient on the layout's columns of a zero [rows, S, ...] gradient.
+// x[rows, S, ...] -> [rows, L, ...] holding the layout's fragments' columns, `fill` past S;
+// and its backward, the local gradient on those columns of a zero [rows, S, ...] gradient.
 at::Tensor cut_columns(const at::Tensor& x, const Layout& layout, double fill);
 at::Tensor cut_columns_backward(const at::Tensor& grad, const Layout& layout);
 

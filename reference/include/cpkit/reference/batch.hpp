@@ -1,6 +1,8 @@
 // Inputs of the two preparation operations (SPEC sections 2 and 3).
 #pragma once
 
+#include <string>
+
 #include <optional>
 
 #include "cpkit/reference/types.hpp"
@@ -9,11 +11,12 @@ namespace cpkit::reference {
 
 // How a batch is cut. The reference simulates all `cp_size` ranks at once.
 struct ShardOptions {
-  int cp_size = 1;                // CP ranks, >= 1
-  int num_chunks = 1;             // pipeline microbatches along the batch axis, >= 1
-  int pad_multiple = 1;           // S is padded to a multiple of cp_size * pad_multiple
-  std::int64_t pad_token_id = 0;  // id written into padded id positions
-  bool shard_primary = true;      // false: ids/embeddings stay global (image splicing)
+  int cp_size = 1;                    // CP ranks, >= 1
+  int num_chunks = 1;                 // pipeline microbatches along the batch axis, >= 1
+  int pad_multiple = 1;               // S is padded to a multiple of cp_size * pad_multiple
+  std::int64_t pad_token_id = 0;      // id written into padded id positions
+  bool shard_primary = true;          // false: ids/embeddings stay global (image splicing)
+  std::string layout = "contiguous";  // which rank owns which tokens (SPEC 2b)
 };
 
 // BSHD: every row is one sequence of S tokens. Exactly one of input_ids / inputs_embeds.

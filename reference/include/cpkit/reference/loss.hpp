@@ -1,6 +1,7 @@
 // shifted_cp_loss (SPEC 5) and the single-device truth it must reproduce.
 #pragma once
 
+#include "cpkit/reference/layout.hpp"
 #include "cpkit/reference/types.hpp"
 
 namespace cpkit::reference {
@@ -9,6 +10,9 @@ struct LossOptions {
   // > 0: logits are raw and the loss applies c * tanh(z / c) (and its chain rule) first.
   // 0: logits already soft-capped by the model (the SPEC default).
   double softcap = 0.0;
+  // Each rank's token positions (Layout::positions of every rank) when the shards were cut
+  // by a layout other than "contiguous"; empty: contiguous.
+  LayoutPositions layout;
 };
 
 struct RankLoss {
@@ -21,7 +25,9 @@ struct RankLoss {
 // logits[r]: rank r's [B * L, V] (row-major [B, L, V]); labels[r]: [B, L] unshifted;
 // valid[r]: [B * L], whether each label counts as a target. A rank's last position takes
 // its target (label and valid bit) from rank r + 1's first column; the last rank's last
-// position has none. The mean over ranks of value equals the single-device mean.
+// position has none. With options.layout, every token takes the target of the token at the
+// next global position, wherever it lives. The mean over ranks of value equals the single-device
+// mean.
 std::vector<RankLoss> shifted_cp_loss(const std::vector<FloatMatrix>& logits,
                                       const std::vector<IntMatrix>& labels,
                                       const std::vector<BoolVector>& valid,

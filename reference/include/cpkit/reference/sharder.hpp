@@ -6,6 +6,7 @@
 #pragma once
 
 #include "cpkit/reference/batch.hpp"
+#include "cpkit/reference/layout.hpp"
 
 namespace cpkit::reference {
 
@@ -14,10 +15,13 @@ struct Layout {
   int cp_size = 1;
   int rank = 0;
   std::int64_t seq_len = 0;     // S (or T) as given
-  std::int64_t padded_len = 0;  // S_pad: next multiple of cp_size * pad_multiple
+  std::int64_t padded_len = 0;  // S_pad (SPEC 2b: a multiple of 2 * cp_size for head_tail)
   std::int64_t local_len = 0;   // L = S_pad / cp_size
-  std::int64_t begin = 0;       // first global position owned, rank * L
-  std::int64_t end = 0;         // one past the last, (rank + 1) * L
+  // The global position of each local token, in local order (every layout).
+  std::vector<std::int64_t> positions;
+  // The "contiguous" layout's range: rank * L and (rank + 1) * L; -1 for other layouts.
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
 };
 
 // One microbatch's streams on the global padded sequence, before any cut.
@@ -35,6 +39,7 @@ struct GlobalStreams {
   // THD only (empty for BSHD): offsets over real lengths and over slot lengths, [D + 1].
   IntVector cu_seqlens;
   IntVector cu_seqlens_padded;
+  LayoutPositions owned;  // owned[r]: rank r's positions (SPEC 2b)
 };
 
 // What one rank receives for one microbatch.
@@ -83,9 +88,5 @@ class Sharder {
 Sharder prepare_cp_inputs(const BshdBatch& batch, const ShardOptions& options);
 // THD (SPEC 3). The batch has one packed row per microbatch: num_chunks rows.
 Sharder prepare_packed_cp_inputs(const PackedBatch& batch, const ShardOptions& options);
-
-// S_pad for a sequence of `seq_len` tokens: seq_len itself at CP = 1, else the next multiple
-// of cp_size * pad_multiple.
-std::int64_t padded_length(std::int64_t seq_len, int cp_size, int pad_multiple);
 
 }  // namespace cpkit::reference

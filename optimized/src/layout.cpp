@@ -1,0 +1,247 @@
+// The layout planners (docs/spec.md section 2b).
+#include "cpkit/optimized/layout.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "cpkit/optimized/error.hpp"
+
+namespace cpkit {
+
+namespace {
+
+// Tokens per chunk below which a document is not cut head-tail (spec 2b step 2).
+constexpr std::int64_t kMinChunk = 64;
+
+void check_plan_args(std::int64_t seq_len, int cp_size, int pad_multiple) {
+  if (cp_size < 1) raise("cp_size", "must be >= 1, got ", cp_size);
+  if (pad_multiple < 1) raise("pad_multiple", "must be >= 1, got ", pad_multiple);
+  if (seq_len < 1) raise("seq_len", "must be >= 1, got ", seq_len);
+}
+
+LayoutPlan empty_plan(LayoutKind kind, std::int64_t seq_len, int cp_size, int pad_multiple) {
+  LayoutPlan plan;
+  plan.kind = kind;
+  plan.cp_size = cp_size;
+  plan.seq_len = seq_len;
+  plan.padded_len = layout_padded_length(kind, seq_len, cp_size, pad_multiple);
+  plan.local_len = plan.padded_len / cp_size;
+  plan.fragments.resize(static_cast<std::size_t>(cp_size));
+  return plan;
+}
+
+// Sorts each rank's fragments by begin and merges adjacent ones.
+void normalise(LayoutPlan& plan) {
+  for (auto& list : plan.fragments) {
+    std::sort(list.begin(), list.end(),
+              [](const Fragment& a, const Fragment& b) { return a.begin < b.begin; });
+    std::vector<Fragment> merged;
+    for (const Fragment& f : list) {
+      if (f.size() == 0) continue;
+      if (!merged.empty() && merged.back().end == f.begin)
+        merged.back().end = f.end;
+      else
+        merged.push_back(f);
+    }
+    list = std::move(merged);
+  }
+}
+
+// Work of doc offsets [a, e): sum of (offset + 1).
+double span_work(std::int64_t a, std::int64_t e) {
+  return 0.5 * static_cast<double>(e - a) * static_cast<double>(a + e + 1);
+}
+
+// The balanced planner's running state: per rank, tokens, work and fragments.
+struct Ranks {
+  std::vector<std::int64_t> tokens;
+  std::vector<double> work;
+  LayoutPlan* plan;
+
+  void give(int rank, std::int64_t doc_start, std::int64_t a, std::int64_t e) {
+    if (e <= a) return;
+    const auto r = static_cast<std::size_t>(rank);
+    plan->fragments[r].push_back({doc_start + a, doc_start + e});
+    tokens[r] += e - a;
+    work[r] += span_work(a, e);
+  }
+  std::int64_t room(int rank) const {
+    return plan->local_len - tokens[static_cast<std::size_t>(rank)];
+  }
+};
+
+struct Document {
+  std::int64_t start, length, index;
+};
+
+// Step 2: a long document cut head-tail into 2 * CP chunks.
+void split_long(Ranks& ranks, const Document& d, int cp) {
+  const std::int64_t q = d.length / (2 * cp), extra = d.length % (2 * cp);
+  std::vector<int> order(static_cast<std::size_t>(cp));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return ranks.tokens[static_cast<std::size_t>(a)] < ranks.tokens[static_cast<std::size_t>(b)];
+  });
+  std::vector<std::int64_t> head(static_cast<std::size_t>(cp), q), tail(head);
+  for (std::int64_t k = 0; k < extra; ++k) {
+    const auto r = static_cast<std::size_t>(order[static_cast<std::size_t>(k % cp)]);
+    (k < cp ? head : tail)[r] += 1;
+  }
+  std::int64_t offset = 0;
+  for (int j = 0; j < 2 * cp; ++j) {
+    const int rank = j < cp ? j : 2 * cp - 1 - j;
+    const std::int64_t size = (j < cp ? head : tail)[static_cast<std::size_t>(rank)];
+    ranks.give(rank, d.start, offset, offset + size);
+    offset += size;
+  }
+}
+
+// Step 3: a short document whole to the least-loaded rank with room, else cut by room.
+void place_short(Ranks& ranks, const Document& d, int cp) {
+  int best = -1;
+  for (int r = 0; r < cp; ++r)
+    if (ranks.room(r) >= d.length && (best < 0 || ranks.work[static_cast<std::size_t>(r)] <
+                                                      ranks.work[static_cast<std::size_t>(best)]))
+      best = r;
+  if (best >= 0) {
+    ranks.give(best, d.start, 0, d.length);
+    return;
+  }
+  std::int64_t offset = 0;
+  while (offset < d.length) {
+    int most = 0;
+    for (int r = 1; r < cp; ++r)
+      if (ranks.room(r) > ranks.room(most)) most = r;
+    const std::int64_t take = std::min(ranks.room(most), d.length - offset);
+    if (take <= 0) raise("seq_lens_padded", "the balanced plan ran out of room (internal error)");
+    ranks.give(most, d.start, offset, offset + take);
+    offset += take;
+  }
+}
+
+}  // namespace
+
+LayoutKind layout_kind(const std::string& name) {
+  if (name == "contiguous") return LayoutKind::kContiguous;
+  if (name == "head_tail") return LayoutKind::kHeadTail;
+  if (name == "balanced") return LayoutKind::kBalanced;
+  raise("layout", "must be \"contiguous\", \"head_tail\" or \"balanced\", got \"", name, "\"");
+}
+
+const char* layout_name(LayoutKind kind) {
+  switch (kind) {
+    case LayoutKind::kContiguous:
+      return "contiguous";
+    case LayoutKind::kHeadTail:
+      return "head_tail";
+    case LayoutKind::kBalanced:
+      return "balanced";
+  }
+  return "?";
+}
+
+std::int64_t layout_padded_length(LayoutKind kind, std::int64_t seq_len, int cp_size,
+                                  int pad_multiple) {
+  if (cp_size == 1) return seq_len;
+  const std::int64_t chunks = kind == LayoutKind::kHeadTail ? 2 * cp_size : cp_size;
+  const std::int64_t multiple = chunks * pad_multiple;
+  return (seq_len + multiple - 1) / multiple * multiple;
+}
+
+LayoutPlan plan_layout(LayoutKind kind, std::int64_t seq_len, int cp_size, int pad_multiple) {
+  check_plan_args(seq_len, cp_size, pad_multiple);
+  if (kind == LayoutKind::kBalanced)
+    raise("layout", "\"balanced\" plans packed (THD) rows from their document lengths");
+  LayoutPlan plan = empty_plan(kind, seq_len, cp_size, pad_multiple);
+  const std::int64_t L = plan.local_len;
+  for (int r = 0; r < cp_size; ++r) {
+    auto& list = plan.fragments[static_cast<std::size_t>(r)];
+    if (kind == LayoutKind::kContiguous || cp_size == 1) {
+      list.push_back({r * L, (r + 1) * L});
+    } else {
+      const std::int64_t C = L / 2;
+      list.push_back({r * C, (r + 1) * C});
+      list.push_back({(2 * cp_size - 1 - r) * C, (2 * cp_size - r) * C});
+    }
+  }
+  normalise(plan);
+  return plan;
+}
+
+LayoutPlan plan_balanced(const std::vector<std::int64_t>& slot_lens, std::int64_t seq_len,
+                         int cp_size, int pad_multiple) {
+  check_plan_args(seq_len, cp_size, pad_multiple);
+  LayoutPlan plan = empty_plan(LayoutKind::kBalanced, seq_len, cp_size, pad_multiple);
+  if (cp_size == 1) {
+    plan.fragments[0].push_back({0, plan.padded_len});
+    return plan;
+  }
+  // Step 1: the attention documents (nonzero slots, then the row tail).
+  std::vector<Document> docs;
+  std::int64_t start = 0;
+  for (const std::int64_t len : slot_lens) {
+    if (len < 0) raise("seq_lens_padded", "must be >= 0, got ", len);
+    if (len > 0) docs.push_back({start, len, static_cast<std::int64_t>(docs.size())});
+    start += len;
+  }
+  if (start > plan.seq_len)
+    raise("seq_lens_padded", "slots sum to ", start, " but the row holds ", plan.seq_len,
+          " tokens");
+  if (start < plan.padded_len)
+    docs.push_back({start, plan.padded_len - start, static_cast<std::int64_t>(docs.size())});
+  Ranks ranks{std::vector<std::int64_t>(static_cast<std::size_t>(cp_size), 0),
+              std::vector<double>(static_cast<std::size_t>(cp_size), 0.0), &plan};
+  const std::int64_t long_at = 2 * cp_size * kMinChunk;
+  std::vector<Document> short_docs;
+  for (const Document& d : docs) {
+    if (d.length >= long_at)
+      split_long(ranks, d, cp_size);  // step 2, in row order
+    else
+      short_docs.push_back(d);
+  }
+  std::stable_sort(short_docs.begin(), short_docs.end(),
+                   [](const Document& a, const Document& b) { return a.length > b.length; });
+  for (const Document& d : short_docs) place_short(ranks, d, cp_size);  // step 3
+  normalise(plan);
+  return plan;
+}
+
+std::vector<std::int64_t> layout_positions(const LayoutPlan& plan, int rank) {
+  if (rank < 0 || rank >= plan.cp_size)
+    raise("rank", "must be in [0, ", plan.cp_size, "), got ", rank);
+  std::vector<std::int64_t> out;
+  out.reserve(static_cast<std::size_t>(plan.local_len));
+  for (const Fragment& f : plan.fragments[static_cast<std::size_t>(rank)])
+    for (std::int64_t t = f.begin; t < f.end; ++t) out.push_back(t);
+  return out;
+}
+
+std::vector<double> layout_work(const LayoutPlan& plan, const std::vector<std::int64_t>& doc_lens,
+                                std::int64_t tile) {
+  if (tile < 1) raise("tile", "must be >= 1, got ", tile);
+  std::vector<std::int64_t> starts{0};
+  for (const std::int64_t n : doc_lens) starts.push_back(starts.back() + n);
+  if (starts.back() != plan.padded_len)
+    raise("doc_lens", "sum to ", starts.back(), " but the plan covers ", plan.padded_len);
+  std::vector<double> work(static_cast<std::size_t>(plan.cp_size), 0.0);
+  for (int r = 0; r < plan.cp_size; ++r)
+    for (const Fragment& f : plan.fragments[static_cast<std::size_t>(r)]) {
+      // The fragment's pieces, one per attention document it touches.
+      auto doc = std::upper_bound(starts.begin(), starts.end(), f.begin) - starts.begin() - 1;
+      for (std::int64_t t = f.begin; t < f.end; ++doc) {
+        const std::int64_t s = starts[static_cast<std::size_t>(doc)];
+        const std::int64_t e = std::min(f.end, starts[static_cast<std::size_t>(doc) + 1]);
+        // Query tiles of `tile` rows from t - s; each sees keys up to its last query.
+        for (std::int64_t a = t - s; a < e - s; a += tile) {
+          const std::int64_t last = std::min(a + tile, e - s);
+          const std::int64_t key_tiles = (last + tile - 1) / tile;
+          work[static_cast<std::size_t>(r)] +=
+              tile == 1 ? static_cast<double>(last) : static_cast<double>(key_tiles * tile * tile);
+        }
+        t = e;
+      }
+    }
+  return work;
+}
+
+}  // namespace cpkit
