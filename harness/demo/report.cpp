@@ -26,9 +26,8 @@ void print_report(const DemoOptions& options, const reference::PackedBatch& batc
 
   for (std::size_t r = 0; r < result.shards.size(); ++r) {
     const auto& s = result.shards[r];
-    os << "rank " << r << ": tokens [" << s.layout.fragments.front().begin << ", "
-       << s.layout.fragments.back().end << ") of " << s.layout.padded_len
-       << " (T = " << s.layout.seq_len << ")\n";
+    os << "rank " << r << ": tokens [" << s.layout.begin << ", " << s.layout.end << ") of "
+       << s.layout.padded_len << " (T = " << s.layout.seq_len << ")\n";
     print_row(os, "ids", s.input_ids->row(0));
     print_row(os, "labels", s.labels.row(0));
     print_row(os, "positions", s.position_ids.row(0));

@@ -70,7 +70,7 @@ RC_GTEST_PROP(OptimizedAttention, CpAttentionEqualsReference, ()) {
   std::vector<reference::FloatMatrix> d_out;
   for (int r = 0; r < c.cp; ++r) {
     const reference::LocalShard l = s.local(0, r);
-    const auto b = l.layout.fragments.front().begin, n = l.layout.local_len;
+    const auto b = l.layout.begin, n = l.layout.local_len;
     auto cut = [&](Input input) { return attention_input(c, input, T, head, b, n); };
     ranks.push_back({cut(Input::kQuery),
                      cut(Input::kKey),

@@ -237,6 +237,50 @@ TEST(CudaSharder, BshdShardsEqualCpuShards) {
     }
 }
 
+// Layouts with several fragments per rank (one launch per fragment) on CUDA equal the CPU.
+TEST(CudaSharder, LayoutShardsEqualCpuShards) {
+  for (const LayoutKind kind : {LayoutKind::kHeadTail, LayoutKind::kBalanced}) {
+    PadOptions pad;
+    pad.layout = kind;
+    CPBatch p = packed_batch(at::kCPU);
+    p.seq_lens = at::tensor(std::vector<int64_t>{70, 0, 300, 3, 9}, at::kLong).unsqueeze(0);
+    p.seq_lens_padded = at::tensor(std::vector<int64_t>{70, 0, 301, 4, 10}, at::kLong).unsqueeze(0);
+    p.input_ids = at::arange(400, at::kLong).unsqueeze(0);
+    p.labels = p.input_ids.clone();
+    CPBatch g = p;
+    g.input_ids = p.input_ids.to(kCuda);
+    g.labels = p.labels.to(kCuda);
+    const Sharder cpu = prepare_packed_cp_inputs_for(p, 4, 1, true, pad);
+    const Sharder gpu = prepare_packed_cp_inputs_for(g, 4, 1, true, pad);
+    std::size_t fragments = 0;
+    for (int r = 0; r < 4; ++r) fragments += cpu.layout(0, r).fragments.size();
+    EXPECT_GT(fragments, 4u) << layout_name(kind);  // some rank holds several
+    for (int r = 0; r < 4; ++r) {
+      const LocalShard x = cpu.local(0, r), y = gpu.local(0, r);
+      EXPECT_TRUE(at::equal(y.document_ids.cpu(), x.document_ids)) << layout_name(kind) << r;
+      EXPECT_TRUE(at::equal(y.position_ids.cpu(), x.position_ids)) << layout_name(kind) << r;
+      EXPECT_TRUE(at::equal(y.valid.cpu(), x.valid)) << layout_name(kind) << r;
+      EXPECT_TRUE(at::equal(y.input_ids.cpu(), x.input_ids)) << layout_name(kind) << r;
+    }
+  }
+  CPBatch b;
+  b.inputs_embeds = at::randn({2, 37, 8});
+  b.labels = at::randint(0, 50, {2, 37}, at::kLong);
+  CPBatch g = b;
+  g.inputs_embeds = b.inputs_embeds.to(kCuda);
+  g.labels = b.labels.to(kCuda);
+  PadOptions pad;
+  pad.layout = LayoutKind::kHeadTail;
+  const Sharder cpu = prepare_cp_inputs_for(b, 4, 1, true, pad);
+  const Sharder gpu = prepare_cp_inputs_for(g, 4, 1, true, pad);
+  for (int r = 0; r < 4; ++r) {
+    const LocalShard x = cpu.local(0, r), y = gpu.local(0, r);
+    EXPECT_TRUE(at::equal(y.inputs_embeds.cpu(), x.inputs_embeds)) << "head_tail rank " << r;
+    EXPECT_TRUE(at::equal(y.labels.cpu(), x.labels)) << "head_tail rank " << r;
+    EXPECT_TRUE(at::equal(y.position_ids.cpu(), x.position_ids)) << "head_tail rank " << r;
+  }
+}
+
 // Rows of 2 GiB and more exceed cudaMemcpy2D's pitch limit: the BSHD cut must still be the
 // batch's columns (ATen's copy then), not an error.
 TEST(CudaSharder, BshdRowsOverTwoGiBCutCorrectly) {

@@ -12,7 +12,7 @@ struct LossOptions {
   double softcap = 0.0;
   // Each rank's token positions (Layout::positions of every rank) when the shards were cut
   // by a layout other than "contiguous"; empty: contiguous.
-  LayoutPositions layout;
+  LayoutPositions layout = {};
 };
 
 struct RankLoss {

@@ -1,0 +1,119 @@
+// Layouts (docs/spec.md section 2b): per-rank causal attention work, max over mean, for
+// contiguous, head_tail and balanced, as counters; the time measured is the planner's host
+// time per row. Cases (Args: case, CP): 0 one document of 8192 tokens, 1 one of 32768,
+// 2 packed rows of 65536 with lognormal documents (median ~1k, long tail; 100 rows),
+// 3 rows of uniform 512-token documents, 4 a 128K row of 1000 documents (the planner target).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cpkit/optimized/layout.hpp"
+
+namespace {
+
+using cpkit::LayoutKind;
+
+// Document (slot) lengths of each row of a case.
+std::vector<std::vector<int64_t>> rows_of(int64_t which) {
+  std::mt19937_64 rng(1234);
+  auto fill = [&](int64_t T, auto&& length) {
+    std::vector<int64_t> docs;
+    for (int64_t used = 0; used < T;) {
+      const int64_t n = std::min<int64_t>(std::max<int64_t>(1, length()), T - used);
+      docs.push_back(n);
+      used += n;
+    }
+    return docs;
+  };
+  switch (which) {
+    case 0:
+      return {{8192}};
+    case 1:
+      return {{32768}};
+    case 2: {
+      std::lognormal_distribution<double> length(std::log(1000.0), 1.2);
+      std::vector<std::vector<int64_t>> rows;
+      for (int r = 0; r < 100; ++r)
+        rows.push_back(fill(65536, [&] { return static_cast<int64_t>(length(rng)); }));
+      return rows;
+    }
+    case 3:
+      return {fill(65536, [] { return int64_t{512}; })};
+    default: {
+      std::uniform_int_distribution<int64_t> length(1, 261);  // mean ~131: 1000 in 128K
+      return {fill(131072, [&] { return length(rng); })};
+    }
+  }
+}
+
+cpkit::LayoutPlan plan(LayoutKind kind, const std::vector<int64_t>& docs, int cp) {
+  int64_t T = 0;
+  for (const int64_t n : docs) T += n;
+  return kind == LayoutKind::kBalanced ? cpkit::plan_balanced(docs, T, cp)
+                                       : cpkit::plan_layout(kind, T, cp);
+}
+
+double ratio(const std::vector<double>& work) {
+  double most = 0, sum = 0;
+  for (const double w : work) {
+    most = std::max(most, w);
+    sum += w;
+  }
+  return most / (sum / static_cast<double>(work.size()));
+}
+
+// The attention documents of a planned row: its documents, then any padding tail.
+std::vector<int64_t> attention_docs(std::vector<int64_t> docs, const cpkit::LayoutPlan& p) {
+  int64_t T = 0;
+  for (const int64_t n : docs) T += n;
+  if (p.padded_len > T) docs.push_back(p.padded_len - T);
+  return docs;
+}
+
+void run(benchmark::State& state, LayoutKind kind) {
+  const auto rows = rows_of(state.range(0));
+  const int cp = static_cast<int>(state.range(1));
+  std::size_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(plan(kind, rows[i % rows.size()], cp));
+    ++i;
+  }
+  double mean = 0, worst = 0, tile_mean = 0, tile_worst = 0, fragments = 0;
+  for (const auto& docs : rows) {
+    const cpkit::LayoutPlan p = plan(kind, docs, cp);
+    const std::vector<int64_t> attention = attention_docs(docs, p);
+    const double r = ratio(cpkit::layout_work(p, attention));
+    const double t = ratio(cpkit::layout_work(p, attention, 128));
+    mean += r;
+    worst = std::max(worst, r);
+    tile_mean += t;
+    tile_worst = std::max(tile_worst, t);
+    for (const auto& list : p.fragments)
+      fragments = std::max(fragments, static_cast<double>(list.size()));
+  }
+  const auto n = static_cast<double>(rows.size());
+  state.counters["max_over_mean"] = mean / n;
+  state.counters["worst_row"] = worst;
+  state.counters["tile128_max_over_mean"] = tile_mean / n;
+  state.counters["tile128_worst_row"] = tile_worst;
+  state.counters["max_fragments_per_rank"] = fragments;
+}
+
+void BM_Layout_Contiguous(benchmark::State& s) { run(s, LayoutKind::kContiguous); }
+void BM_Layout_HeadTail(benchmark::State& s) { run(s, LayoutKind::kHeadTail); }
+void BM_Layout_Balanced(benchmark::State& s) { run(s, LayoutKind::kBalanced); }
+
+void cases(benchmark::internal::Benchmark* b) {
+  for (const int64_t which : {0, 1, 2, 3, 4})
+    for (const int64_t cp : {2, 4, 8}) b->Args({which, cp});
+  b->Unit(benchmark::kMicrosecond);
+}
+
+BENCHMARK(BM_Layout_Contiguous)->Apply(cases);
+BENCHMARK(BM_Layout_HeadTail)->Apply(cases);
+BENCHMARK(BM_Layout_Balanced)->Apply(cases);
+
+}  // namespace
