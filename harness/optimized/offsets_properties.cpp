@@ -23,6 +23,7 @@ std::string offsets_of(const Sharder& sharder) {
     out.add(key + "cu_seqlens_q", o.cu_seqlens_q);
     out.add(key + "cu_seqlens_k", o.cu_seqlens_k);
     out.add(key + "scalars", at::tensor({o.max_seqlen_q, o.max_seqlen_k, o.k_begin, o.k_end}));
+    out.add(key + "k_index", o.k_index.defined() ? o.k_index : at::empty({0}, at::kLong));
   }
   return out.serialise();
 }
@@ -77,6 +78,7 @@ void check_offsets(const Case& c, const reference::Sharder& ref, const RankTask&
       require_same(b.get(key + "scalars"),
                    at::tensor({e.max_seqlen_q, e.max_seqlen_k, e.k_begin, e.k_end}),
                    "max_seqlen_q, max_seqlen_k, k_begin, k_end" + where);
+      require_same(b.get(key + "k_index"), to_tensor(e.k_index), "k_index" + where);
     }
 }
 
@@ -89,6 +91,18 @@ RC_GTEST_PROP(OptimizedOffsets, PackedEqualsReference, ()) {
 RC_GTEST_PROP(OptimizedOffsets, BshdEqualsReference, ()) {
   const BshdCase c = *gen_attention_bshd_case();
   check_offsets(c, reference::prepare_cp_inputs(make_batch(c), options_of(c)), offsets_bshd);
+}
+
+// Layouts (SPEC 2b, 4a): segments per run of one document, keys picked by k_index.
+RC_GTEST_PROP(OptimizedOffsets, EveryLayoutEqualsReference, ()) {
+  PackedCase p = *gen_packed_case();
+  p.layout = *gen_packed_layout();
+  p.rows[0].push_back({*rc::gen::inRange(0, 300), *rc::gen::inRange(0, 3)});  // long enough to cut
+  check_offsets(p, reference::prepare_packed_cp_inputs(make_batch(p), options_of(p)),
+                offsets_packed);
+  BshdCase b = *gen_attention_bshd_case();
+  b.layout = *gen_bshd_layout();
+  check_offsets(b, reference::prepare_cp_inputs(make_batch(b), options_of(b)), offsets_bshd);
 }
 
 // Random masks (holes) and restarting positions: rejected exactly when the reference rejects.

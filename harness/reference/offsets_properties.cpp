@@ -144,6 +144,117 @@ void check_microbatch(const Sharder& s, int m, int head, std::uint64_t seed) {
     }
 }
 
+// Rows `positions` of x, in that order.
+FloatMatrix pick(const FloatMatrix& x, const std::vector<std::int64_t>& positions) {
+  FloatMatrix out(static_cast<Eigen::Index>(positions.size()), x.cols());
+  for (std::size_t j = 0; j < positions.size(); ++j)
+    out.row(static_cast<Eigen::Index>(j)) = x.row(positions[j]);
+  return out;
+}
+
+TokenMeta meta_at(const GlobalStreams& g, Eigen::Index b, const std::vector<std::int64_t>& at) {
+  TokenMeta meta{IntVector(static_cast<Eigen::Index>(at.size())),
+                 IntVector(static_cast<Eigen::Index>(at.size())),
+                 BoolVector(static_cast<Eigen::Index>(at.size()))};
+  for (std::size_t j = 0; j < at.size(); ++j) {
+    const auto i = static_cast<Eigen::Index>(j);
+    meta.position(i) = g.position_ids(b, at[j]);
+    meta.document(i) = g.document_ids(b, at[j]);
+    meta.padding(i) = g.padding(b, at[j]);
+  }
+  return meta;
+}
+
+// Layouts (SPEC 2b, 4a): keys picked from the rank-order gathered keys by k_index; the
+// kernel's output, dQ, and dK/dV summed back onto each key's owner equal masked attention.
+void check_layout_microbatch(const Sharder& s, int m, int head, std::uint64_t seed) {
+  const GlobalStreams& g = s.global(m);
+  const int cp = s.options().cp_size;
+  const auto rows = g.labels.rows(), T = g.padded_len, L = T / cp, W = T;  // W = CP * L
+  std::vector<RowInputs> in;
+  std::vector<std::vector<FloatMatrix>> masked_out;
+  std::vector<std::vector<AttentionGrads>> masked_grads;
+  FloatMatrix gathered_k(rows * W, head), gathered_v(rows * W, head);
+  std::vector<std::int64_t> position_of(static_cast<std::size_t>(W));  // rank-order index
+  for (int r = 0; r < cp; ++r) {
+    const Layout l = s.layout(m, r);
+    for (Eigen::Index j = 0; j < L; ++j)
+      position_of[static_cast<std::size_t>(r * L + j)] = l.positions[static_cast<std::size_t>(j)];
+  }
+  for (Eigen::Index b = 0; b < rows; ++b) {
+    in.push_back(row_inputs(g, b, head, seed, m));
+    std::vector<RankAttention> ranks;
+    std::vector<FloatMatrix> d_out;
+    for (int r = 0; r < cp; ++r) {
+      const std::vector<std::int64_t>& at = s.layout(m, r).positions;
+      ranks.push_back({pick(in[b].q, at), pick(in[b].k, at), pick(in[b].v, at), meta_at(g, b, at)});
+      d_out.push_back(pick(in[b].d_out, at));
+    }
+    masked_out.push_back(cp_attention(ranks));
+    masked_grads.push_back(cp_attention_backward(ranks, d_out));
+    gathered_k.middleRows(b * W, W) = pick(in[b].k, position_of);
+    gathered_v.middleRows(b * W, W) = pick(in[b].v, position_of);
+  }
+  std::vector<FloatMatrix> dk(rows, FloatMatrix::Zero(T, head)), dv = dk;
+  for (int r = 0; r < cp; ++r) {
+    const Layout l = s.layout(m, r);
+    const AttentionOffsets o = attention_offsets(s, m, r);
+    const auto K = o.k_index.size(), F = o.cu_seqlens_q.size() - 1;
+    RC_ASSERT(o.cu_seqlens_k(F) == K && o.cu_seqlens_q(F) == rows * L);
+    FloatMatrix q(rows * L, head), d_out(rows * L, head), keys(K, head), values(K, head);
+    for (Eigen::Index b = 0; b < rows; ++b) {
+      q.middleRows(b * L, L) = pick(in[b].q, l.positions);
+      d_out.middleRows(b * L, L) = pick(in[b].d_out, l.positions);
+    }
+    for (Eigen::Index i = 0; i < K; ++i) {
+      keys.row(i) = gathered_k.row(o.k_index(i));
+      values.row(i) = gathered_v.row(o.k_index(i));
+    }
+    const FloatMatrix out = varlen_attention(q, keys, values, o.cu_seqlens_q, o.cu_seqlens_k);
+    const AttentionGrads grads =
+        varlen_attention_backward(q, keys, values, o.cu_seqlens_q, o.cu_seqlens_k, d_out);
+    const std::string on = " (" + s.options().layout + ", microbatch " + std::to_string(m) +
+                           ", rank " + std::to_string(r);
+    for (Eigen::Index b = 0; b < rows; ++b) {
+      const std::string where = on + ", row " + std::to_string(b) + ")";
+      FloatMatrix real_out = out.middleRows(b * L, L), expected = masked_out[b][r];
+      for (Eigen::Index j = 0; j < L; ++j)
+        if (g.padding(b, l.positions[static_cast<std::size_t>(j)]))
+          real_out.row(j) = expected.row(j);  // unspecified
+      require_close(real_out, expected, "output on real queries" + where);
+      require_close(grads.dq.middleRows(b * L, L), masked_grads[b][r].dq, "dQ" + where);
+    }
+    for (Eigen::Index i = 0; i < K; ++i) {  // back to the key's row and global position
+      const auto b = o.k_index(i) / W, c = o.k_index(i) % W;
+      dk[static_cast<std::size_t>(b)].row(position_of[static_cast<std::size_t>(c)]) +=
+          grads.dk.row(i);
+      dv[static_cast<std::size_t>(b)].row(position_of[static_cast<std::size_t>(c)]) +=
+          grads.dv.row(i);
+    }
+  }
+  for (Eigen::Index b = 0; b < rows; ++b)
+    for (int r = 0; r < cp; ++r) {
+      const std::vector<std::int64_t>& at = s.layout(m, r).positions;
+      const std::string where = " (row " + std::to_string(b) + ", owner " + std::to_string(r) + ")";
+      require_close(pick(dk[b], at), masked_grads[b][r].dk, "dK" + where);
+      require_close(pick(dv[b], at), masked_grads[b][r].dv, "dV" + where);
+    }
+}
+
+RC_GTEST_PROP(ReferenceOffsets, EveryLayoutVarlenEqualsMaskedCpAttention, ()) {
+  PackedCase p = *gen_packed_case();
+  p.layout = *gen_packed_layout();
+  p.rows[0].push_back({*rc::gen::inRange(0, 300), *rc::gen::inRange(0, 3)});  // long enough to cut
+  const int head = *rc::gen::inRange(1, 4);
+  const Sharder packed = prepare_packed_cp_inputs(make_batch(p), options_of(p));
+  for (int m = 0; m < packed.num_microbatches(); ++m)
+    check_layout_microbatch(packed, m, head, p.seed);
+  BshdCase b = *gen_attention_bshd_case();
+  b.layout = *gen_bshd_layout();
+  const Sharder bshd = prepare_cp_inputs(make_batch(b), options_of(b));
+  for (int m = 0; m < bshd.num_microbatches(); ++m) check_layout_microbatch(bshd, m, head, b.seed);
+}
+
 void check_all(const Sharder& s, std::uint64_t seed) {
   const int head = *rc::gen::inRange(1, 4);
   for (int m = 0; m < s.num_microbatches(); ++m) check_microbatch(s, m, head, seed);

@@ -100,13 +100,6 @@ at::Tensor to_device(const std::vector<std::int64_t>& values, const at::Device& 
 
 AttentionOffsets attention_offsets(const Sharder& sharder, int microbatch, int rank) {
   const Layout l = sharder.layout(microbatch, rank);
-  // Several fragments per rank need keys the gathered buffer does not hold in order.
-  if (l.fragments.size() != 1)
-    raise("layout",
-          "attention offsets cover one fragment per rank (\"contiguous\" layouts) so "
-          "far; rank ",
-          rank, " of this \"", layout_name(l.plan->kind), "\" layout holds ", l.fragments.size());
-  const std::int64_t begin = l.fragments.front().begin, end = l.fragments.front().end;
   const Sharder::Microbatch& mb = sharder.microbatch(microbatch);
   const CPBatch& batch = sharder.batch_;
   std::vector<std::vector<std::int64_t>> starts;
@@ -117,9 +110,6 @@ AttentionOffsets attention_offsets(const Sharder& sharder, int microbatch, int r
   }
 
   AttentionOffsets out;
-  out.k_end = end;
-  out.k_begin = end;
-  for (const auto& s : starts) out.k_begin = std::min(out.k_begin, s[begin]);
   std::vector<std::int64_t> q{0}, k{0};
   auto add = [&](std::int64_t q_len, std::int64_t k_len) {
     q.push_back(q.back() + q_len);
@@ -127,19 +117,54 @@ AttentionOffsets attention_offsets(const Sharder& sharder, int microbatch, int r
     out.max_seqlen_q = std::max(out.max_seqlen_q, q_len);
     out.max_seqlen_k = std::max(out.max_seqlen_k, k_len);
   };
-  for (const auto& s : starts) {
-    std::int64_t key = out.k_begin;  // the next key of this row's slice not yet covered
-    for (std::int64_t t = begin; t < end;) {
-      std::int64_t u = t + 1;
-      while (u < end && s[u] == s[t]) ++u;
-      // Keys this row's slice skips before the fragment's document: a segment with no query.
-      if (s[t] > key) add(0, s[t] - key);
-      add(u - t, u - s[t]);
-      key = u;
-      t = u;
-    }
-  }
   const at::Device device = batch.labels.device();
+  if (l.plan->kind == LayoutKind::kContiguous) {
+    // Keys: one slice [k_begin, end) of every gathered row (rank order = global order).
+    const std::int64_t begin = l.fragments.front().begin, end = l.fragments.front().end;
+    out.k_end = end;
+    out.k_begin = end;
+    for (const auto& s : starts) out.k_begin = std::min(out.k_begin, s[begin]);
+    for (const auto& s : starts) {
+      std::int64_t key = out.k_begin;  // the next key of this row's slice not yet covered
+      for (std::int64_t t = begin; t < end;) {
+        std::int64_t u = t + 1;
+        while (u < end && s[u] == s[t]) ++u;
+        // Keys this row's slice skips before the fragment's document: a segment, no query.
+        if (s[t] > key) add(0, s[t] - key);
+        add(u - t, u - s[t]);
+        key = u;
+        t = u;
+      }
+    }
+  } else {
+    // Each piece of a fragment inside one attention document is a segment; its keys, the
+    // document from its start to the piece's end, are gathered rows picked by k_index
+    // (repeated when the document has several pieces on this rank).
+    const LayoutPlan& plan = *l.plan;
+    const std::int64_t L = plan.local_len, width = plan.cp_size * L;
+    std::vector<std::int64_t> gathered_at(static_cast<std::size_t>(plan.padded_len));
+    for (int other = 0; other < plan.cp_size; ++other) {
+      const std::vector<std::int64_t> positions = layout_positions(plan, other);
+      for (std::size_t j = 0; j < positions.size(); ++j)
+        gathered_at[static_cast<std::size_t>(positions[j])] =
+            other * L + static_cast<std::int64_t>(j);
+    }
+    std::vector<std::int64_t> keys;
+    for (std::size_t b = 0; b < starts.size(); ++b) {
+      const auto& s = starts[b];
+      for (const Fragment& f : l.fragments)
+        for (std::int64_t t = f.begin; t < f.end;) {
+          std::int64_t u = t + 1;
+          while (u < f.end && s[u] == s[t]) ++u;
+          for (std::int64_t key = s[t]; key < u; ++key)
+            keys.push_back(static_cast<std::int64_t>(b) * width +
+                           gathered_at[static_cast<std::size_t>(key)]);
+          add(u - t, u - s[t]);
+          t = u;
+        }
+    }
+    out.k_index = detail::upload(at::tensor(keys, at::kLong), device, "attention offsets");
+  }
   out.cu_seqlens_q = to_device(q, device);
   out.cu_seqlens_k = to_device(k, device);
   return out;

@@ -23,6 +23,11 @@ struct AttentionOffsets {
   std::int64_t max_seqlen_k = 0;
   std::int64_t k_begin = 0;  // the first gathered key any local query attends to
   std::int64_t k_end = 0;    // one past the last: the rank's own end
+  // Layouts other than contiguous (docs/spec.md 4a): the kernel's keys are
+  // gathered.flatten(0, 1).index_select(0, k_index), gathered being the rank-order
+  // all-gather [rows, CP * L, ...]; k_begin and k_end are then unused. Undefined (and a
+  // slice suffices) for the contiguous layout. int64, on the shard's device.
+  at::Tensor k_index;
 };
 
 // Raises cpkit::Error naming attention_mask (padding between real tokens of a row) or

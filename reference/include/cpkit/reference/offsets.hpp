@@ -17,6 +17,10 @@ struct AttentionOffsets {
   std::int64_t max_seqlen_k = 0;
   std::int64_t k_begin = 0;  // the first gathered key any local query attends to
   std::int64_t k_end = 0;    // one past the last: the rank's own end
+  // Layouts other than "contiguous" (SPEC 4a): the kernel's keys are these rows of the
+  // gathered keys (rank order, rows flattened: row b's rank-order token c at b * CP * L + c);
+  // k_begin and k_end are then unused. Empty for "contiguous".
+  IntVector k_index;
 };
 
 AttentionOffsets attention_offsets(const Sharder& sharder, int microbatch, int rank);
