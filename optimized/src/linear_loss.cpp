@@ -27,6 +27,7 @@ void check_linear_inputs(const at::Tensor& hidden, const at::Tensor& weight,
                          const LinearLossOptions& options) {
   if (options.chunk_rows < 0)
     raise("chunk_rows", "must be >= 0 (0: the default), got ", options.chunk_rows);
+  detail::check_softcap(options.softcap);
   detail::require_defined(hidden, "hidden");
   detail::require_defined(weight, "weight");
   detail::require_dim(hidden, 3, "hidden");

@@ -3,6 +3,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cmath>
 #include <sstream>
 #include <string>
 
@@ -57,6 +58,13 @@ inline void require_contiguous(const at::Tensor& t, const char* argument) {
 inline void require_dim(const at::Tensor& t, int64_t dim, const char* argument) {
   if (t.dim() != dim)
     raise(argument, "must have ", dim, " dimensions, got ", t.dim(), " (shape ", shape_of(t), ")");
+}
+
+// The soft cap c of c * tanh(z / c): 0 (off) or a finite positive number. A negative or
+// non-finite cap means nothing, so it is an error rather than silently "off".
+inline void check_softcap(double softcap) {
+  if (!(softcap >= 0.0) || !std::isfinite(softcap))
+    raise("softcap", "must be finite and >= 0 (0: off), got ", softcap);
 }
 
 }  // namespace cpkit::detail

@@ -26,6 +26,16 @@ def _packed():
             "qkv_format": "thd"}
 
 
+@pytest.mark.parametrize("cap", [-1.0, float("nan"), float("inf")])
+def test_softcap_negative_or_not_finite_is_named(cap):
+    logits, labels, valid = _loss_inputs()
+    with pytest.raises(cpkit.CPError, match="argument 'softcap': must be finite and >= 0"):
+        cpkit.shifted_cp_loss(logits, labels, valid, softcap=cap)
+    with pytest.raises(cpkit.CPError, match="argument 'softcap': must be finite and >= 0"):
+        cpkit.shifted_cp_linear_loss(torch.randn(1, 4, 3), torch.randn(8, 3), labels, valid,
+                                     softcap=cap)
+
+
 def test_error_is_a_value_error():
     assert issubclass(cpkit.CPError, ValueError)
 

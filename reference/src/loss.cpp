@@ -46,6 +46,12 @@ void check_label_range(const IntMatrix& labels, Eigen::Index vocab, const char* 
     }
 }
 
+// 0 (off) or a finite positive cap; anything else means nothing.
+void check_softcap(double softcap) {
+  if (!(softcap >= 0.0) || !std::isfinite(softcap))
+    raise("softcap", "must be finite and >= 0 (0: off), got ", softcap);
+}
+
 void check_vocab(Eigen::Index vocab) {
   if (vocab < 2) raise("logits", "vocabulary size must be >= 2, got ", vocab);
 }
@@ -107,6 +113,7 @@ std::vector<RankLoss> shifted_cp_loss(const std::vector<FloatMatrix>& logits,
   const auto L = labels[0].cols();
   const auto V = logits[0].cols();
   check_vocab(V);
+  check_softcap(options.softcap);
   for (std::size_t r = 0; r < cp; ++r) {
     if (labels[r].rows() != B || labels[r].cols() != L)
       raise("labels", "rank ", r, " has shape [", labels[r].rows(), ", ", labels[r].cols(),

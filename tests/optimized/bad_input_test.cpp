@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+
 #include <functional>
 
 #include "cpkit/optimized/error.hpp"
@@ -162,6 +164,17 @@ TEST(BadInputOptimized, SharderRankOutOfRange) {
 
 namespace cpkit {
 namespace {
+
+// A negative or non-finite cap means nothing: an error, not silently "off".
+TEST(BadInputOptimized, SoftcapNegativeOrNotFinite) {
+  for (const double cap : {-1.0, -1e-9, std::nan(""), double{INFINITY}})
+    expect_rejected(
+        [&] {
+          shifted_cp_loss(at::zeros({1, 3, 4}), at::zeros({1, 3}, at::kLong),
+                          at::ones({3}, at::kBool), nullptr, {.softcap = cap});
+        },
+        "softcap", {"must be finite and >= 0"});
+}
 
 TEST(BadInputOptimized, LabelsOfFloatDtype) {
   expect_rejected(

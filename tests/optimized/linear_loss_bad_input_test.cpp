@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/linear_loss.hpp"
 #include "expect_rejected.hpp"
@@ -116,6 +118,18 @@ TEST(BadInputLinearLoss, NegativeChunk) {
         call(at::zeros({1, 3, 8}), at::zeros({5, 8}), kLabels, kValid, options);
       },
       "chunk_rows", {"got -2"});
+}
+
+TEST(BadInputLinearLoss, SoftcapNegativeOrNotFinite) {
+  for (const double cap : {-1.0, -0.0 - 1e-9, std::nan(""), double{INFINITY}}) {
+    LinearLossOptions options;
+    options.softcap = cap;
+    expect_rejected(
+        [&] {
+          call(at::zeros({1, 3, 8}), at::zeros({5, 8}), kLabels, kValid, options);
+        },
+        "softcap", {"must be finite and >= 0"});
+  }
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Bad input is rejected with cpkit::reference::Error naming the argument and the values.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <functional>
 #include <string>
 
@@ -145,6 +147,17 @@ TEST(BadInputReference, LossValidOfWrongLength) {
   expect_rejected(
       [&] { shifted_cp_loss({FloatMatrix::Zero(3, 4)}, {labels}, {BoolVector::Ones(2)}); }, "valid",
       {"2 entries", "B * L = 3"});
+}
+
+TEST(BadInputReference, LossSoftcapNegativeOrNotFinite) {
+  const IntMatrix labels = ints({0, 1});
+  for (const double cap : {-1.0, -1e-9, std::nan(""), double{INFINITY}})
+    expect_rejected(
+        [&] {
+          shifted_cp_loss({FloatMatrix::Zero(2, 4)}, {labels}, {BoolVector::Ones(2)},
+                          {.softcap = cap});
+        },
+        "softcap", {"must be finite and >= 0"});
 }
 
 TEST(BadInputReference, LossVocabularyOfOne) {
