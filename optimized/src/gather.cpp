@@ -2,13 +2,9 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <map>
-#include <memory>
-#include <mutex>
-#include <set>
-#include <string>
 #include <vector>
 
+#include "agreement.hpp"
 #include "cpkit/optimized/gather.hpp"
 #include "cpkit/optimized/validation.hpp"
 #include "fault_injection.hpp"
@@ -22,66 +18,32 @@ namespace {
 
 constexpr int64_t kMaxDims = 8;
 
-// Every rank publishes its shape; all compare the same table, so all raise the same error
-// instead of entering a collective with mismatched sizes and hanging.
-void check_shapes_agree(const at::Tensor& value, Communicator& comm) {
+// Every rank publishes its token count, trailing shape and dtype; all compare the same table,
+// so all raise the same error instead of entering a collective with mismatched sizes (a hang)
+// or mismatched dtypes (garbage). Read on the host per agreement_needs_reading: a CUDA rank
+// whose shape changes later while the others' do not is caught by the collective's own size
+// check or timeout (docs/spec.md section 3).
+void check_shapes_agree(const at::Tensor& value, const MeshPtr& mesh) {
   if (value.dim() > kMaxDims)
     raise("value", "has ", value.dim(), " dimensions, at most ", kMaxDims, " are supported");
-  const int cp = comm.size();
-  std::vector<int64_t> mine(kMaxDims + 1, -1);
-  mine[0] = value.dim();
-  for (int64_t d = 0; d < value.dim(); ++d) mine[1 + d] = value.size(d);
-  const auto opts = at::TensorOptions().dtype(at::kLong).device(value.device());
-  at::Tensor local = at::tensor(mine, at::kLong).to(value.device());
-  at::Tensor all = at::empty({cp, kMaxDims + 1}, opts);
-  comm.all_gather(local.data_ptr(), all.data_ptr(), kMaxDims + 1, ScalarKind::kInt64);
-  const at::Tensor table = all.cpu();
-  const int64_t* t = table.data_ptr<int64_t>();
-  for (int r = 0; r < cp; ++r) {
-    const int64_t* other = t + r * (kMaxDims + 1);
-    if (other[1] != mine[1])
-      raise("value", "rank ", comm.rank(), " holds ", mine[1], " tokens but rank ", r, " holds ",
-            other[1]);
-    for (int64_t d = 0; d <= kMaxDims; ++d)
-      if (other[d] != mine[d])
-        raise("value", "rank ", comm.rank(), " has shape ", detail::shape_of(value), " but rank ",
-              r, " has a different trailing shape or rank (dimension ", d - 1, ": ", other[d],
-              " vs ", mine[d], ")");
-  }
-}
-
-// Shapes this rank has already checked, per mesh: by the mesh's group name where it has one
-// (meshes rebuilt per call share it), else by the mesh's control block, so a destroyed
-// mesh's entry can never be taken for a new mesh at the same address.
-class VerifiedShapes {
- public:
-  using Shape = std::vector<int64_t>;
-
-  // True the first time `shape` is seen on `mesh` (the caller then checks it).
-  bool first_sighting(const MeshPtr& mesh, const Shape& shape) {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    const std::string group = mesh->group_name();
-    if (!group.empty()) return by_group_[group].insert(shape).second;
-    std::erase_if(by_mesh_, [](const auto& entry) { return entry.first.expired(); });
-    return by_mesh_[mesh].insert(shape).second;
-  }
-
- private:
-  std::mutex mutex_;
-  std::map<std::string, std::set<Shape>> by_group_;
-  std::map<std::weak_ptr<Communicator>, std::set<Shape>, std::owner_less<>> by_mesh_;
-};
-
-// Every call for CPU tensors (free) or with ValueChecks::kAlways; once per (mesh, shape and
-// dtype) otherwise: the check is a collective and, for CUDA tensors, a host round trip. A
-// rank whose shape changes while the others' do not is then caught by the collective's own
-// size check or timeout, not here (docs/spec.md section 3).
-bool shapes_need_checking(const at::Tensor& value, const MeshPtr& mesh) {
-  if (detail::check_values_of(value)) return true;
-  static VerifiedShapes verified;
+  static const char* const kSizeNames[kMaxDims] = {"the token count (dimension 0)",
+                                                   "dimension 1",
+                                                   "dimension 2",
+                                                   "dimension 3",
+                                                   "dimension 4",
+                                                   "dimension 5",
+                                                   "dimension 6",
+                                                   "dimension 7"};
+  std::vector<detail::Agreed> fields{{"value", "the number of dimensions", value.dim()}};
+  for (int64_t d = 0; d < kMaxDims; ++d)
+    fields.push_back({"value", kSizeNames[d], d < value.dim() ? value.size(d) : -1});
+  fields.push_back({"value", "the dtype", detail::dtype_code(value), detail::dtype_name});
   std::vector<int64_t> key = value.sizes().vec();
-  key.push_back(static_cast<int64_t>(value.scalar_type()));
-  return verified.first_sighting(mesh, key);
+  key.push_back(detail::dtype_code(value));
+  const bool read = detail::agreement_needs_reading(value, mesh, key);
+  if (!read) return;  // nothing to learn: no exchange (the key was read before)
+  detail::exchange_agreed(at::empty({0}, value.options().dtype(at::kLong)), fields, *mesh, true,
+                          "every CP rank must gather the same shape and dtype");
 }
 
 at::Tensor all_gather_rows(const at::Tensor& value, Communicator& comm) {
@@ -133,9 +95,9 @@ at::Tensor reduce_scatter_tokens(const at::Tensor& grad_output, const MeshPtr& m
 at::Tensor gather_tokens(const at::Tensor& value, const MeshPtr& mesh, bool differentiable) {
   detail::require_defined(value, "value");
   if (value.dim() < 1) raise("value", "needs a token axis, got a 0-d tensor");
-  detail::scalar_kind(value, "value");
+  if (cp_size(mesh) > 1) check_shapes_agree(value, mesh);  // first: a dtype one rank lacks
+  detail::scalar_kind(value, "value");                     // raises on every rank alike
   if (cp_size(mesh) == 1) return differentiable ? value : value.detach();
-  if (shapes_need_checking(value, mesh)) check_shapes_agree(value, *mesh);
   if (differentiable) return GatherTokens::apply(value, mesh);
   return all_gather_rows(value.detach(), *mesh);
 }

@@ -140,7 +140,7 @@ detail::Targets prepare_linear(const at::Tensor& hidden, const at::Tensor& weigh
                                const at::Tensor& labels, const at::Tensor& valid,
                                const MeshPtr& mesh, const LinearLossOptions& options) {
   check_linear_inputs(hidden, weight, options);
-  return detail::prepare_targets(labels, valid, hidden, "hidden", weight.size(0), mesh,
+  return detail::prepare_targets(labels, valid, hidden, "hidden", weight.size(0), "weight", mesh,
                                  options.layout.get());
 }
 

@@ -29,7 +29,7 @@ detail::Targets prepare_targets(const at::Tensor& logits, const at::Tensor& labe
                                 const LossOptions& options) {
   check_logits(logits);
   detail::check_softcap(options.softcap);
-  return detail::prepare_targets(labels, valid, logits, "logits", logits.size(2), mesh,
+  return detail::prepare_targets(labels, valid, logits, "logits", logits.size(2), "logits", mesh,
                                  options.layout.get());
 }
 

@@ -5,6 +5,7 @@
 
 #include <unordered_map>
 
+#include "agreement.hpp"
 #include "cpkit/optimized/constants.hpp"
 #include "fault_injection.hpp"
 #include "tensor_checks.hpp"
@@ -45,13 +46,12 @@ void check_targets_inputs(const at::Tensor& labels, const at::Tensor& valid,
 
 // targets[b, j]: the label position j predicts, -100 when it counts nothing. Contiguous:
 // the last column comes from the next rank's first column (one halo exchange).
-at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid, const MeshPtr& mesh) {
-  const int64_t B = labels.size(0), L = labels.size(1);
-  const at::Tensor counted =
-      at::where(valid.reshape({B, L}), labels, at::full_like(labels, kIgnoreLabel));
-  at::Tensor targets = at::empty({B, L}, labels.options());
+at::Tensor shifted_targets(const at::Tensor& counted, const MeshPtr& mesh) {
+  const int64_t B = counted.size(0), L = counted.size(1);
+  const at::TensorOptions opts = counted.options();
+  at::Tensor targets = at::empty({B, L}, opts);
   targets.narrow(1, 0, L - 1).copy_(counted.narrow(1, 1, L - 1));
-  at::Tensor halo = at::full({B}, kIgnoreLabel, labels.options());
+  at::Tensor halo = at::full({B}, kIgnoreLabel, opts);
   if (cp_size(mesh) > 1 && !fault("boundary_label_dropped")) {
     const at::Tensor first = counted.select(1, 0).contiguous();
     mesh->shift_from_next(first.data_ptr(), halo.data_ptr(), static_cast<std::size_t>(B),
@@ -64,16 +64,9 @@ at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid, co
 // Several fragments per rank: the last token of each predicts the token at the fragment's
 // global end, which starts a fragment of another rank (a rank's adjacent fragments are
 // merged). One all-gather of every rank's fragment-first labels serves all of them.
-at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid, const MeshPtr& mesh,
-                           const LayoutPlan& plan) {
-  const int64_t B = labels.size(0), L = labels.size(1);
+at::Tensor shifted_targets(const at::Tensor& counted, const MeshPtr& mesh, const LayoutPlan& plan) {
+  const int64_t B = counted.size(0), L = counted.size(1);
   const int cp = plan.cp_size, rank = cp_rank(mesh);
-  if (cp != cp_size(mesh))
-    raise("layout", "was planned for CP = ", cp, " but the mesh has ", cp_size(mesh), " ranks");
-  if (L != plan.local_len)
-    raise("labels", "have ", L, " tokens per row but the layout gives each rank ", plan.local_len);
-  const at::Tensor counted =
-      at::where(valid.reshape({B, L}), labels, at::full_like(labels, kIgnoreLabel));
   std::size_t most = 0;  // fragments of the rank holding the most
   for (const auto& list : plan.fragments) most = std::max(most, list.size());
   const auto F = static_cast<int64_t>(most);
@@ -88,10 +81,10 @@ at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid, co
     return starts;
   };
   const std::vector<int64_t> mine = local_starts(rank);
-  at::Tensor send = at::full({F, B}, kIgnoreLabel, labels.options());
+  at::Tensor send = at::full({F, B}, kIgnoreLabel, counted.options());
   send.narrow(0, 0, static_cast<int64_t>(mine.size()))
-      .copy_(counted.index_select(1, at::tensor(mine, labels.options())).t());
-  at::Tensor received = at::empty({cp * F, B}, labels.options());
+      .copy_(counted.index_select(1, at::tensor(mine, counted.options())).t());
+  at::Tensor received = at::empty({cp * F, B}, counted.options());
   mesh->all_gather(send.data_ptr(), received.data_ptr(), static_cast<std::size_t>(F * B),
                    ScalarKind::kInt64);
   // Global start of each fragment -> its row in `received`.
@@ -101,12 +94,12 @@ at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid, co
     for (std::size_t k = 0; k < list.size(); ++k)
       row_of_start[list[k].begin] = q * F + static_cast<int64_t>(k);
   }
-  at::Tensor targets = at::empty({B, L}, labels.options());
+  at::Tensor targets = at::empty({B, L}, counted.options());
   targets.narrow(1, 0, L - 1).copy_(counted.narrow(1, 1, L - 1));
   std::vector<int64_t> last_columns;
   int64_t offset = 0;
   at::Tensor halo =
-      at::full({B, static_cast<int64_t>(mine.size())}, kIgnoreLabel, labels.options());
+      at::full({B, static_cast<int64_t>(mine.size())}, kIgnoreLabel, counted.options());
   const auto& list = plan.fragments[static_cast<std::size_t>(rank)];
   for (std::size_t k = 0; k < list.size(); ++k) {
     offset += list[k].size();
@@ -115,34 +108,81 @@ at::Tensor shifted_targets(const at::Tensor& labels, const at::Tensor& valid, co
     if (found != row_of_start.end() && !fault("boundary_label_dropped"))
       halo.select(1, static_cast<int64_t>(k)).copy_(received.select(0, found->second));
   }
-  targets.index_copy_(1, at::tensor(last_columns, labels.options()), halo);
+  targets.index_copy_(1, at::tensor(last_columns, counted.options()), halo);
   return targets;
 }
+// This rank's share of N, before any exchange: every position p > 0 of a global row is
+// predicted by position p - 1, so N counts the counted labels of every position but the row's
+// first (at local column `first_column`, -1 when another rank holds it).
+at::Tensor local_target_count(const at::Tensor& counted, int64_t first_column) {
+  const at::Tensor counts = counted != kIgnoreLabel;
+  at::Tensor count = counts.sum().to(at::kLong);
+  if (first_column >= 0) count = count - counts.select(1, first_column).sum();
+  return count.reshape({1});
+}
+
+// The local column of global position 0 (-1: another rank's).
+int64_t first_column(const LayoutPlan* plan, int rank) {
+  if (plan == nullptr) return rank == 0 ? 0 : -1;
+  int64_t offset = 0;
+  for (const Fragment& f : plan->fragments[static_cast<std::size_t>(rank)]) {
+    if (f.begin == 0) return offset;
+    offset += f.size();
+  }
+  return -1;
+}
+
 // N summed over the mesh, as a one-element int64 tensor on the targets' device (never read
-// on the host: the kernel forms CP / N itself).
-at::Tensor global_target_count(const at::Tensor& targets, const MeshPtr& mesh) {
-  at::Tensor count = (targets != kIgnoreLabel).sum().to(at::kLong).reshape({1});
-  if (cp_size(mesh) > 1 && !fault("count_local_only"))
-    mesh->all_reduce_sum(count.data_ptr(), 1, ScalarKind::kInt64);
-  if (fault("count_times_cp")) count *= cp_size(mesh);
+// on the host: the kernel forms CP / N itself). The same all-gather carries what the ranks
+// must agree on (B, L, the vocabulary, the dtype), so the check costs no extra exchange and
+// runs before the halo, whose sizes it guards.
+at::Tensor global_target_count(const at::Tensor& local_count, const at::Tensor& source,
+                               const char* source_name, int64_t vocab, const char* vocab_name,
+                               const MeshPtr& mesh) {
+  if (cp_size(mesh) == 1) return local_count;
+  const int64_t B = source.size(0), L = source.size(1);
+  const std::vector<Agreed> fields{
+      {source_name, "the batch size B", B},
+      {source_name, "the local length L", L},
+      {vocab_name, "the vocabulary size V", vocab},
+      {source_name, "the dtype", dtype_code(source), dtype_name},
+  };
+  const bool read = agreement_needs_reading(source, mesh, {-1, B, L, vocab, dtype_code(source)});
+  const at::Tensor table = exchange_agreed(local_count, fields, *mesh, read,
+                                           "every CP rank must compute the loss of the same batch");
+  at::Tensor count =
+      fault("count_local_only") ? local_count : table.select(1, 0).sum().reshape({1});
+  if (fault("count_times_cp")) count = count * cp_size(mesh);
   return count;
 }
 
 }  // namespace
 
 Targets prepare_targets(const at::Tensor& labels, const at::Tensor& valid, const at::Tensor& source,
-                        const char* source_name, int64_t vocab, const MeshPtr& mesh,
-                        const LayoutPlan* plan) {
+                        const char* source_name, int64_t vocab, const char* vocab_name,
+                        const MeshPtr& mesh, const LayoutPlan* plan) {
   check_targets_inputs(labels, valid, source, source_name, vocab);
+  if (plan != nullptr && plan->cp_size != cp_size(mesh))
+    raise("layout", "was planned for CP = ", plan->cp_size, " but the mesh has ", cp_size(mesh),
+          " ranks");
+  if (plan != nullptr && labels.size(1) != plan->local_len)
+    raise("labels", "have ", labels.size(1), " tokens per row but the layout gives each rank ",
+          plan->local_len);
+  const int64_t B = labels.size(0), L = labels.size(1);
+  const at::Tensor counted =
+      at::where(valid.reshape({B, L}), labels, at::full_like(labels, kIgnoreLabel));
+  const at::Tensor count =
+      global_target_count(local_target_count(counted, first_column(plan, cp_rank(mesh))), source,
+                          source_name, vocab, vocab_name, mesh);
   // Rank r owning [r L, (r + 1) L) alone: the next token of its last is rank r + 1's first.
   bool rank_ordered = true;
   for (int r = 0; plan != nullptr && r < plan->cp_size; ++r) {
     const auto& list = plan->fragments[static_cast<std::size_t>(r)];
     rank_ordered = rank_ordered && list.size() == 1 && list[0].begin == r * plan->local_len;
   }
-  at::Tensor targets = rank_ordered ? shifted_targets(labels, valid, mesh)
-                                    : shifted_targets(labels, valid, mesh, *plan);
-  return {targets, global_target_count(targets, mesh)};
+  at::Tensor targets =
+      rank_ordered ? shifted_targets(counted, mesh) : shifted_targets(counted, mesh, *plan);
+  return {targets, count};
 }
 
 }  // namespace cpkit::detail

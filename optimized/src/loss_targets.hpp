@@ -18,9 +18,10 @@ struct Targets {
 // `source` is the tensor the logits come from (named `source_name` in errors): labels
 // [B, L] int64 and valid [B * L] bool must match its [B, L] and device; labels must lie in
 // [0, vocab) or be -100, and no valid token may carry -100.
-// `plan` (null: contiguous) says where each local fragment's next token lives.
+// `plan` (null: contiguous) says where each local fragment's next token lives. The ranks'
+// B, L, vocabulary (`vocab`, named `vocab_name`) and source dtype must agree (agreement.hpp).
 Targets prepare_targets(const at::Tensor& labels, const at::Tensor& valid, const at::Tensor& source,
-                        const char* source_name, int64_t vocab, const MeshPtr& mesh,
-                        const LayoutPlan* plan);
+                        const char* source_name, int64_t vocab, const char* vocab_name,
+                        const MeshPtr& mesh, const LayoutPlan* plan);
 
 }  // namespace cpkit::detail

@@ -150,6 +150,7 @@ Sharder prepare_cp_inputs(const CPBatch& batch, const MeshPtr& mesh, int num_chu
                           bool shard_primary, const PadOptions& pad) {
   check_format(batch, "bshd", "prepare_cp_inputs", "prepare_packed_cp_inputs");
   auto microbatches = detail::bshd_microbatches(batch, cp_size(mesh), num_chunks, pad);
+  detail::check_batch_agrees(batch, mesh, num_chunks, pad);
   return Sharder(batch, mesh, cp_size(mesh), shard_primary, pad, std::move(microbatches));
 }
 
@@ -157,6 +158,7 @@ Sharder prepare_packed_cp_inputs(const CPBatch& batch, const MeshPtr& mesh, int 
                                  bool shard_primary, const PadOptions& pad) {
   check_format(batch, "thd", "prepare_packed_cp_inputs", "prepare_cp_inputs");
   auto microbatches = detail::thd_microbatches(batch, cp_size(mesh), num_chunks, pad);
+  detail::check_batch_agrees(batch, mesh, num_chunks, pad);
   return Sharder(batch, mesh, cp_size(mesh), shard_primary, pad, std::move(microbatches));
 }
 

@@ -40,5 +40,11 @@ std::vector<Sharder::Microbatch> bshd_microbatches(const CPBatch& batch, int cp_
 std::vector<Sharder::Microbatch> thd_microbatches(const CPBatch& batch, int cp_size, int num_chunks,
                                                   const PadOptions& pad);
 
+// Every CP rank must shard the same global batch with the same options (batch_agreement.cpp):
+// one exchange of the shapes, options and, under the value checks, checksums of the integer
+// streams; a difference raises on every rank.
+void check_batch_agrees(const CPBatch& batch, const MeshPtr& mesh, int num_chunks,
+                        const PadOptions& pad);
+
 }  // namespace detail
 }  // namespace cpkit

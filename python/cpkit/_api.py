@@ -125,8 +125,9 @@ class Sharder:
         self._args = (self.cp_size, self.rank, pad_multiple)
         self._pad_token_id = pad_token_id
         self._num_chunks = num_chunks
+        # Through the CP group: the ranks check that they shard the same batch.
         flat = torch.ops.cpkit.shard(
-            *(batch.get(key) for key in _TENSOR_KEYS), qkv_format, self.cp_size, self.rank,
+            *(batch.get(key) for key in _TENSOR_KEYS), qkv_format, group_name(mesh),
             num_chunks, shard_primary, pad_multiple, pad_token_id,
         )
         self._shards = [flat[i:i + _STREAMS] for i in range(0, len(flat), _STREAMS)]

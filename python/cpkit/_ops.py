@@ -15,9 +15,14 @@ _LIB = "cpkit::"
 
 
 def _group_size(group_name: str) -> int:
+    return _group_size_and_rank(group_name)[0]
+
+
+def _group_size_and_rank(group_name: str) -> tuple[int, int]:
     if not group_name:
-        return 1
-    return dist.distributed_c10d._resolve_process_group(group_name).size()
+        return 1, 0
+    group = dist.distributed_c10d._resolve_process_group(group_name)
+    return group.size(), group.rank()
 
 
 def _local_length(seq_len: int, cp_size: int, rank: int, pad_multiple: int) -> int:
@@ -155,8 +160,9 @@ torch.library.register_autograd(
 @torch.library.register_fake(_LIB + "shard")
 def _shard_fake(
     input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens, seq_lens_padded,
-    qkv_format, cp_size, rank, num_chunks, shard_primary, pad_multiple, pad_token_id,
+    qkv_format, group_name, num_chunks, shard_primary, pad_multiple, pad_token_id,
 ):  # type: ignore[no-untyped-def]
+    cp_size, rank = _group_size_and_rank(group_name)
     batch, seq_len = labels.shape
     rows = 1 if qkv_format == "thd" else batch // num_chunks
     L = _local_length(seq_len, cp_size, rank, pad_multiple)

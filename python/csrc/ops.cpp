@@ -96,16 +96,12 @@ void set_value_checks_op(const std::string& mode) {
   });
 }
 
-// The batch as the schemas pass it, sharded for `cp_size` ranks (all of them, no mesh: the
-// sharding ops need no communication).
-Sharder sharder_for(const std::optional<at::Tensor>& input_ids,
-                    const std::optional<at::Tensor>& inputs_embeds, const at::Tensor& labels,
-                    const std::optional<at::Tensor>& position_ids,
-                    const std::optional<at::Tensor>& attention_mask,
-                    const std::optional<at::Tensor>& seq_lens,
-                    const std::optional<at::Tensor>& seq_lens_padded, const std::string& qkv_format,
-                    int64_t cp_size, int64_t rank, int64_t num_chunks, bool shard_primary,
-                    int64_t pad_multiple, int64_t pad_token_id) {
+CPBatch batch_of(const std::optional<at::Tensor>& input_ids,
+                 const std::optional<at::Tensor>& inputs_embeds, const at::Tensor& labels,
+                 const std::optional<at::Tensor>& position_ids,
+                 const std::optional<at::Tensor>& attention_mask,
+                 const std::optional<at::Tensor>& seq_lens,
+                 const std::optional<at::Tensor>& seq_lens_padded, const std::string& qkv_format) {
   CPBatch batch;
   batch.qkv_format = qkv_format;
   batch.input_ids = input_ids.value_or(at::Tensor());
@@ -115,13 +111,28 @@ Sharder sharder_for(const std::optional<at::Tensor>& input_ids,
   batch.attention_mask = attention_mask.value_or(at::Tensor());
   batch.seq_lens = seq_lens.value_or(at::Tensor());
   batch.seq_lens_padded = seq_lens_padded.value_or(at::Tensor());
+  return batch;
+}
+
+Sharder sharder_on(const CPBatch& batch, const MeshPtr& mesh, int64_t num_chunks,
+                   bool shard_primary, int64_t pad_multiple, int64_t pad_token_id) {
   const PadOptions pad{static_cast<int>(pad_multiple), pad_token_id};
-  Sharder sharder =
-      qkv_format == "thd"
-          ? prepare_packed_cp_inputs_for(batch, static_cast<int>(cp_size),
-                                         static_cast<int>(num_chunks), shard_primary, pad)
-          : prepare_cp_inputs_for(batch, static_cast<int>(cp_size), static_cast<int>(num_chunks),
-                                  shard_primary, pad);
+  return batch.qkv_format == "thd"
+             ? prepare_packed_cp_inputs(batch, mesh, static_cast<int>(num_chunks), shard_primary,
+                                        pad)
+             : prepare_cp_inputs(batch, mesh, static_cast<int>(num_chunks), shard_primary, pad);
+}
+
+// The batch sharded for `cp_size` ranks without communication (attention offsets: computed
+// per rank on demand, so no collective may run here).
+Sharder sharder_for(const CPBatch& batch, int64_t cp_size, int64_t rank, int64_t num_chunks,
+                    int64_t pad_multiple) {
+  const PadOptions pad{static_cast<int>(pad_multiple), 0};
+  Sharder sharder = batch.qkv_format == "thd"
+                        ? prepare_packed_cp_inputs_for(batch, static_cast<int>(cp_size),
+                                                       static_cast<int>(num_chunks), false, pad)
+                        : prepare_cp_inputs_for(batch, static_cast<int>(cp_size),
+                                                static_cast<int>(num_chunks), false, pad);
   if (rank < 0 || rank >= cp_size) raise("rank", "must be in [0, ", cp_size, "), got ", rank);
   return sharder;
 }
@@ -134,18 +145,22 @@ std::vector<at::Tensor> shard_op(
     const at::Tensor& labels, const std::optional<at::Tensor>& position_ids,
     const std::optional<at::Tensor>& attention_mask, const std::optional<at::Tensor>& seq_lens,
     const std::optional<at::Tensor>& seq_lens_padded, const std::string& qkv_format,
-    int64_t cp_size, int64_t rank, int64_t num_chunks, bool shard_primary, int64_t pad_multiple,
+    const std::string& group_name, int64_t num_chunks, bool shard_primary, int64_t pad_multiple,
     int64_t pad_token_id) {
   return checked([&] {
-    const Sharder sharder = sharder_for(
-        input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens, seq_lens_padded,
-        qkv_format, cp_size, rank, num_chunks, shard_primary, pad_multiple, pad_token_id);
+    // Through the mesh: the ranks check that they shard the same batch (sharder.hpp).
+    const Sharder sharder =
+        sharder_on(batch_of(input_ids, inputs_embeds, labels, position_ids, attention_mask,
+                            seq_lens, seq_lens_padded, qkv_format),
+                   mesh_for(group_name, labels.device()), num_chunks, shard_primary, pad_multiple,
+                   pad_token_id);
     const bool packed = qkv_format == "thd";
+    const int rank = sharder.rank();
     // A fresh empty tensor for each absent output: outputs never alias each other.
     const auto none = [&] { return at::empty({0}, labels.options()); };
     std::vector<at::Tensor> out;
     for (int m = 0; m < sharder.num_microbatches(); ++m) {
-      const LocalShard s = sharder.local(m, static_cast<int>(rank));
+      const LocalShard s = sharder.local(m, rank);
       const at::Tensor primary = s.input_ids.defined() ? fresh(s.input_ids, *input_ids)
                                  : s.inputs_embeds.defined()
                                      ? fresh(s.inputs_embeds, *inputs_embeds)
@@ -172,8 +187,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_offsets_op(
     int64_t cp_size, int64_t rank, int64_t num_chunks, int64_t pad_multiple, int64_t microbatch) {
   return checked([&] {
     const Sharder sharder =
-        sharder_for(input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens,
-                    seq_lens_padded, qkv_format, cp_size, rank, num_chunks, false, pad_multiple, 0);
+        sharder_for(batch_of(input_ids, inputs_embeds, labels, position_ids, attention_mask,
+                             seq_lens, seq_lens_padded, qkv_format),
+                    cp_size, rank, num_chunks, pad_multiple);
     const AttentionOffsets o =
         attention_offsets(sharder, static_cast<int>(microbatch), static_cast<int>(rank));
     return std::make_tuple(o.cu_seqlens_q, o.cu_seqlens_k,
@@ -228,7 +244,7 @@ TORCH_LIBRARY(cpkit, m) {
   m.def(
       "shard(Tensor? input_ids, Tensor? inputs_embeds, Tensor labels, Tensor? position_ids, "
       "Tensor? attention_mask, Tensor? seq_lens, Tensor? seq_lens_padded, str qkv_format, "
-      "int cp_size, int rank, int num_chunks, bool shard_primary, int pad_multiple, "
+      "str group_name, int num_chunks, bool shard_primary, int pad_multiple, "
       "int pad_token_id) -> Tensor[]");
   m.def(
       "attention_offsets(Tensor? input_ids, Tensor? inputs_embeds, Tensor labels, "

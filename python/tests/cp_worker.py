@@ -6,6 +6,8 @@ Every check raises on a difference; the exit code tells the test."""
 from __future__ import annotations
 
 import os
+import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -13,6 +15,8 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 import cpkit
+from cpkit._mesh import group_name as _group_name
+from test_opcheck import opcheck_shard
 
 IGNORE = -100
 
@@ -161,6 +165,28 @@ def check_sharding(mesh, rank: int, cp: int) -> None:
     expected = torch.zeros_like(embeds)
     expected[:, layout["begin"]:min(layout["end"], T)] = 1
     assert torch.equal(spliced.grad, expected)
+    # The shard op's fake (meta) kernel against the real one at this CP size.
+    opcheck_shard(_group_name(mesh))
+
+
+def expect_disagreement(mesh, rank: int, cp: int, call, argument: str, *parts: str) -> None:
+    """``call(differs)`` with ``differs`` true on the last rank raises CPError on every rank
+    within a second, naming ``argument``, this rank and each of ``parts``; the next collective
+    works (the group is not broken)."""
+    began = time.monotonic()
+    try:
+        call(rank == cp - 1)
+    except cpkit.CPError as error:
+        message = str(error)
+        assert time.monotonic() - began < 1.0, f"took {time.monotonic() - began:.2f} s: {message}"
+        assert f"argument '{argument}'" in message, message
+        assert f"rank {rank}" in message, message
+        for part in parts:
+            assert part in message, (part, message)
+    else:
+        raise AssertionError(f"ranks that disagree on {argument} did not raise")
+    after = cpkit.gather_tokens(torch.tensor([rank]), mesh, differentiable=False)
+    assert after.tolist() == list(range(cp)), after
 
 
 def check_errors(mesh, rank: int, cp: int) -> None:
@@ -170,6 +196,44 @@ def check_errors(mesh, rank: int, cp: int) -> None:
         assert "argument 'value'" in str(error), error
     else:
         raise AssertionError("mismatched counts did not raise")
+    vocab, gen = 32, torch.Generator().manual_seed(5)
+
+    def loss(B: int, L: int, V: int) -> None:
+        labels = torch.randint(0, V, (B, L), generator=gen)
+        cpkit.shifted_cp_loss(torch.randn(B, L, V), labels, torch.ones(B * L, dtype=torch.bool),
+                              mesh)
+
+    def batch(seed: int) -> dict:
+        ids = torch.randint(1, vocab, (2, 12), generator=torch.Generator().manual_seed(seed))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    expect_disagreement(
+        mesh, rank, cp,
+        lambda differs: cpkit.gather_tokens(torch.zeros(3, 2, dtype=torch.float64 if differs
+                                                        else torch.float32), mesh),
+        "value", "the dtype", "Double", "Float")
+    expect_disagreement(mesh, rank, cp, lambda differs: loss(2, 9 if differs else 8, vocab),
+                        "logits", "the local length L", " 8 ", " 9 ")
+    expect_disagreement(mesh, rank, cp, lambda differs: loss(2, 8, vocab + differs),
+                        "logits", "the vocabulary size V", "32", "33")
+    expect_disagreement(
+        mesh, rank, cp,
+        lambda differs: cpkit.shifted_cp_linear_loss(
+            torch.randn(1, 4, 8), torch.randn(vocab + differs, 8),
+            torch.randint(0, vocab, (1, 4), generator=gen), torch.ones(4, dtype=torch.bool), mesh),
+        "weight", "the vocabulary size V")
+    # A data loader seeded per rank: same shapes, other tokens.
+    expect_disagreement(mesh, rank, cp,
+                        lambda differs: cpkit.prepare_cp_inputs(batch(7 + differs), mesh=mesh),
+                        "input_ids", "holds different values", "same global batch")
+    try:
+        cpkit.shifted_cp_linear_loss(torch.randn(1, 4, 8), torch.randn(vocab, 8),
+                                     torch.zeros(1, 4, dtype=torch.long),
+                                     torch.ones(4, dtype=torch.bool), mesh, softcap=-1.0)
+    except cpkit.CPError as error:
+        assert "argument 'softcap'" in str(error), error
+    else:
+        raise AssertionError("softcap=-1 did not raise")
 
 
 def check_compile(mesh, rank: int, cp: int) -> None:
@@ -196,7 +260,32 @@ def check_compile(mesh, rank: int, cp: int) -> None:
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
 
 
+def check_dead_peer_in_loss(rank: int, cp: int, timeout_s: float) -> None:
+    """The last rank exits in the middle of training, right before the loss's exchange; every
+    other rank raises CPError naming the mesh and the timeout, within a few timeouts."""
+    mesh = init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",))
+    cpkit.gather_tokens(torch.ones(2), mesh)  # mid-training: the group has run a collective
+    if rank == cp - 1:
+        os._exit(0)
+    began = time.monotonic()
+    try:
+        cpkit.shifted_cp_loss(torch.randn(1, 4, 8), torch.zeros(1, 4, dtype=torch.long),
+                              torch.ones(4, dtype=torch.bool), mesh)
+    except cpkit.CPError as error:
+        message = str(error)
+        assert "argument 'mesh'" in message and "a peer died" in message, message
+        assert time.monotonic() - began < 5 * timeout_s, message
+    else:
+        raise AssertionError("no error although the last rank is gone")
+    print(f"rank {rank}/{cp}: dead peer raised", flush=True)
+    os._exit(0)  # the group lost a member: skip its teardown
+
+
 def main() -> None:
+    dead_peer_timeout = float(os.environ.get("CPKIT_DEAD_PEER_TIMEOUT_S", "0"))
+    if dead_peer_timeout > 0:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=dead_peer_timeout))
+        check_dead_peer_in_loss(dist.get_rank(), dist.get_world_size(), dead_peer_timeout)
     dist.init_process_group("gloo")
     rank, cp = dist.get_rank(), dist.get_world_size()
     names = os.environ.get("CPKIT_MESHES", "device_mesh")

@@ -35,18 +35,30 @@ def test_gather_and_reduce_scatter(world1, shape):
         torch.library.opcheck(torch.ops.cpkit.reduce_scatter_tokens, (value, group))
 
 
-def test_shard_bshd():
-    labels = torch.randint(0, 9, (4, 7))
-    args = (torch.randint(1, 9, (4, 7)), None, labels, None, torch.ones(4, 7, dtype=torch.long),
-            None, None, "bshd", 3, 1, 2, True, 2, 0)
-    torch.library.opcheck(torch.ops.cpkit.shard, args)
+def shard_opcheck_args(group: str) -> list[tuple]:
+    """BSHD ids with a mask, and packed embeddings: the shard op's arguments for ``group``
+    (opcheck at CP > 1 runs under torchrun, python/tests/cp_worker.py)."""
+    generator = torch.Generator().manual_seed(2)
+    labels = torch.randint(0, 9, (4, 7), generator=generator)
+    bshd = (torch.randint(1, 9, (4, 7), generator=generator), None, labels, None,
+            torch.ones(4, 7, dtype=torch.long), None, None, "bshd", group, 2, True, 2, 0)
+    thd = (None, torch.randn(1, 12, 4, generator=generator), labels[:1, :6].repeat(1, 2), None,
+           None, torch.tensor([[4, 0, 5]]), torch.tensor([[5, 1, 5]]), "thd", group, 1, True, 1, 0)
+    return [bshd, thd]
 
 
-def test_shard_thd():
-    labels = torch.randint(0, 9, (1, 12))
-    args = (None, torch.randn(1, 12, 4), labels, None, None, torch.tensor([[4, 0, 5]]),
-            torch.tensor([[5, 1, 5]]), "thd", 2, 1, 1, True, 1, 0)
-    torch.library.opcheck(torch.ops.cpkit.shard, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+def opcheck_shard(group: str) -> None:
+    bshd, thd = shard_opcheck_args(group)
+    torch.library.opcheck(torch.ops.cpkit.shard, bshd)
+    # THD output sizes are data-dependent: no AOT dispatch.
+    torch.library.opcheck(torch.ops.cpkit.shard, thd,
+                          test_utils=("test_schema", "test_autograd_registration",
+                                      "test_faketensor"))
+
+
+def test_shard(world1):
+    opcheck_shard(world1.group_name)
+    opcheck_shard("")
 
 
 def test_cut_spliced():

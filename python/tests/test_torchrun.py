@@ -1,7 +1,9 @@
 """cpkit under torchrun (gloo on CPU), CP 2, 3 and 4: sharding, gather forward/backward, and
 every rank's loss and logits gradient against plain PyTorch on the unsharded batch (BSHD and
-packed documents straddling ranks, soft cap, N == 0); mismatched counts raise on every rank;
-torch.compile(fullgraph=True) at CP 2. The checks live in cp_worker.py."""
+packed documents straddling ranks, soft cap, N == 0); ranks that disagree (gather dtype,
+loss length and vocabulary, a different batch per rank) raise on every rank within a second;
+a peer that dies in the loss's exchange makes the others raise; torch.compile(fullgraph=True)
+at CP 2. The checks live in cp_worker.py."""
 
 from __future__ import annotations
 
@@ -37,3 +39,8 @@ def test_process_group_as_mesh(torchrun):
 def test_compiled_step_matches_eager(torchrun):
     out = run_world(torchrun, 2, CPKIT_COMPILE="1")
     assert out.count("all checks passed") == 2, out
+
+
+def test_dead_peer_in_the_loss_raises_on_the_others(torchrun):
+    out = run_world(torchrun, 3, CPKIT_DEAD_PEER_TIMEOUT_S="3")
+    assert out.count("dead peer raised") == 2, out
