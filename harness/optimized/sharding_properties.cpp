@@ -1,7 +1,8 @@
 // SPEC 6 items 1, 2, 3 and 7: the optimized Sharder, run in real rank processes, equals the
-// reference rank by rank, bit for bit; gathering its shards back gives the reference's
-// global streams; shard_primary=false + cut_spliced equals shard_primary=true, and the cut's
-// backward (non-contiguous spliced input and upstream gradient) equals the reference's.
+// reference rank by rank, bit for bit, whatever the strides of the batch it is given
+// (a collate's transposed [S, B] tensors, [:, ::2] slices); gathering its shards back gives
+// the reference's global streams; shard_primary=false + cut_spliced equals shard_primary=true, and
+// the cut's backward (non-contiguous spliced input and upstream gradient) equals the reference's.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -66,6 +67,16 @@ void add_cut(Bundle& out, const std::string& key, std::uint64_t seed, const Shar
   out.add(key + "cut_grad", torch::autograd::grad({cut}, {spliced}, {upstream})[0]);
 }
 
+// Every tensor of the batch with `layout`'s strides (the junk beside sliced values would be
+// an error or a wrong shard if read).
+CPBatch lay_out_batch(CPBatch b, MemoryLayout layout) {
+  for (at::Tensor* t : {&b.input_ids, &b.labels, &b.position_ids, &b.attention_mask, &b.seq_lens,
+                        &b.seq_lens_padded})
+    if (t->defined()) *t = lay_out(*t, layout, -7);
+  if (b.inputs_embeds.defined()) b.inputs_embeds = lay_out(b.inputs_embeds, layout, NAN);
+  return b;
+}
+
 template <class CaseT>
 std::string shard_task(const CaseT& c, const Sharder& sharder, MemoryLayout layout,
                        const MeshPtr& mesh) {
@@ -85,17 +96,19 @@ std::string shard_task(const CaseT& c, const Sharder& sharder, MemoryLayout layo
 // Payload: layout then case.
 const RankTask shard_bshd("shard_bshd", [](const std::string& p, const MeshPtr& mesh, int) {
   const auto [layout, c] = decode_with<BshdCase>(p);
-  const Sharder s = prepare_cp_inputs(to_cp_batch(make_batch(c)), mesh, c.num_chunks,
-                                      c.shard_primary, pad_of(options_of(c)));
-  return shard_task(c, s, static_cast<MemoryLayout>(layout), mesh);
+  const auto memory = static_cast<MemoryLayout>(layout);
+  const Sharder s = prepare_cp_inputs(lay_out_batch(to_cp_batch(make_batch(c)), strided(memory)),
+                                      mesh, c.num_chunks, c.shard_primary, pad_of(options_of(c)));
+  return shard_task(c, s, memory, mesh);
 });
 
 const RankTask shard_packed("shard_packed", [](const std::string& p, const MeshPtr& mesh, int) {
   const auto [layout, c] = decode_with<PackedCase>(p);
-  const Sharder s =
-      prepare_packed_cp_inputs(to_cp_batch(make_batch(c)), mesh, static_cast<int>(c.rows.size()),
-                               c.shard_primary, pad_of(options_of(c)));
-  return shard_task(c, s, static_cast<MemoryLayout>(layout), mesh);
+  const auto memory = static_cast<MemoryLayout>(layout);
+  const Sharder s = prepare_packed_cp_inputs(
+      lay_out_batch(to_cp_batch(make_batch(c)), strided(memory)), mesh,
+      static_cast<int>(c.rows.size()), c.shard_primary, pad_of(options_of(c)));
+  return shard_task(c, s, memory, mesh);
 });
 
 // ---- the check side ----

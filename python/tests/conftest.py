@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-import pathlib
+import os
+
+# No inductor/AOT graph caches, here and in torchrun workers: a graph cached from an earlier
+# cpkit hides a change to the ops' Python backward rules (seen: a compiled-backward test
+# passed with a broken rule until the cache was off). Set before torch is imported.
+os.environ["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
+
+import pathlib  # noqa: E402
 import shutil
 import sys
 

@@ -16,6 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import cpkit
 from cpkit._mesh import group_name as _group_name
+from test_offsets import masked, varlen
 from test_opcheck import opcheck_shard
 
 IGNORE = -100
@@ -51,9 +52,14 @@ def truth_labels(full: dict) -> torch.Tensor:
     return labels
 
 
-def mean_over_ranks(loss: torch.Tensor, cp: int) -> torch.Tensor:
+def cp_group(mesh) -> dist.ProcessGroup:
+    """The CP group behind ``mesh`` (a 1-D DeviceMesh, a CP sub-mesh or a ProcessGroup)."""
+    return mesh.get_group() if hasattr(mesh, "get_group") else mesh
+
+
+def mean_over_ranks(loss: torch.Tensor, mesh, cp: int) -> torch.Tensor:
     mean = loss.detach().clone()
-    dist.all_reduce(mean)
+    dist.all_reduce(mean, group=cp_group(mesh))
     return mean / cp
 
 
@@ -78,7 +84,7 @@ def check_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab: int, 
         capped = softcap * torch.tanh(truth_logits / softcap) if softcap > 0 else truth_logits
         truth = single_device_loss(capped, truth_labels(full))
         truth.backward()
-        torch.testing.assert_close(mean_over_ranks(loss, cp), truth.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(mean_over_ranks(loss, mesh, cp), truth.detach(), rtol=1e-5, atol=1e-6)
         # Gradients: the CP / N scale means rank gradients are averaged: grad_r / CP = truth.
         expected = torch.zeros(rows, layout["padded_len"], vocab)
         expected[:, :layout["seq_len"]] = truth_logits.grad
@@ -114,9 +120,9 @@ def check_linear_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab
         capped = softcap * torch.tanh(logits / softcap) if softcap > 0 else logits
         truth = single_device_loss(capped, truth_labels(full))
         truth.backward()
-        torch.testing.assert_close(mean_over_ranks(loss, cp), truth.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(mean_over_ranks(loss, mesh, cp), truth.detach(), rtol=1e-5, atol=1e-6)
         dweight = w.grad.clone()
-        dist.all_reduce(dweight)
+        dist.all_reduce(dweight, group=cp_group(mesh))
         torch.testing.assert_close(dweight / cp, truth_w.grad, rtol=1e-4, atol=1e-6)
         expected = torch.zeros(rows, layout["padded_len"], hidden_size)
         expected[:, :layout["seq_len"]] = truth_hidden.grad
@@ -165,8 +171,51 @@ def check_sharding(mesh, rank: int, cp: int) -> None:
     expected = torch.zeros_like(embeds)
     expected[:, layout["begin"]:min(layout["end"], T)] = 1
     assert torch.equal(spliced.grad, expected)
+    # Strided inputs (a collate's transposed [S, B] tensors, [:, ::2] slices) shard exactly
+    # as the same batch made contiguous.
+    g = torch.Generator().manual_seed(9)
+    ids = torch.randint(1, 50, (T, 2), generator=g)  # collated [S, B]
+    labels = torch.randint(1, 50, (2, 2 * T), generator=g)
+    mask = torch.ones(2, 2 * T, dtype=torch.long)
+    mask[1, :6] = 0
+    strided = {"input_ids": ids.t(), "labels": labels[:, ::2],
+               "attention_mask": mask[:, ::2], "position_ids": torch.arange(T).expand(2, T)}
+    assert not any(strided[key].is_contiguous() for key in strided)
+    contiguous = {key: value.contiguous() for key, value in strided.items()}
+    got = cpkit.prepare_cp_inputs(strided, mesh=mesh).local(0)
+    expected = cpkit.prepare_cp_inputs(contiguous, mesh=mesh).local(0)
+    for key in expected:
+        assert torch.equal(got[key], expected[key]), (key, got[key], expected[key])
     # The shard op's fake (meta) kernel against the real one at this CP size.
     opcheck_shard(_group_name(mesh))
+
+
+def check_offsets(mesh, rank: int, cp: int) -> None:
+    """Varlen attention driven by this rank's offsets, over keys gathered from every rank,
+    equals masked attention over the unsharded row on every real query of this rank's shard
+    (test_offsets.py's functions; a rank index from outside the CP group gives other rows)."""
+    T = 23
+    batch = {"input_ids": torch.ones(1, T, dtype=torch.long),
+             "labels": torch.ones(1, T, dtype=torch.long), "qkv_format": "thd",
+             "seq_lens": torch.tensor([[9, 0, 4, 6]]),
+             "seq_lens_padded": torch.tensor([[10, 1, 4, 6]])}
+    sharder = cpkit.prepare_packed_cp_inputs(batch, 1, mesh=mesh)
+    layout, offsets = sharder.layout(0), sharder.attention_offsets(0)
+    whole = cpkit.prepare_packed_cp_inputs(batch, 1).local(0)
+    pad = layout["padded_len"] - T
+    whole = {key: torch.nn.functional.pad(whole[key], (0, pad), value=key == "padding")
+             for key in ("position_ids", "document_ids", "padding")}
+    g = torch.Generator().manual_seed(cp)
+    q, k, v = (torch.randn(layout["padded_len"], 4, generator=g)
+               for _ in range(3))
+    begin, end = layout["begin"], layout["end"]
+    keys, values = (cpkit.gather_tokens(t[begin:end], mesh, differentiable=False) for t in (k, v))
+    k_begin, k_end = offsets["k_begin"], offsets["k_end"]
+    got = varlen(q[begin:end], keys[k_begin:k_end], values[k_begin:k_end],
+                 offsets["cu_seqlens_q"], offsets["cu_seqlens_k"])
+    real = ~whole["padding"].flatten()[begin:end]
+    expected = masked(q, k, v, whole)[begin:end]
+    torch.testing.assert_close(got[real], expected[real])
 
 
 def expect_disagreement(mesh, rank: int, cp: int, call, argument: str, *parts: str) -> None:
@@ -237,7 +286,9 @@ def check_errors(mesh, rank: int, cp: int) -> None:
 
 
 def check_compile(mesh, rank: int, cp: int) -> None:
-    """torch.compile(fullgraph=True) of a CP step: the same values and gradients as eager."""
+    """torch.compile(fullgraph=True) of a CP step: the same values and gradients as eager for
+    loss.backward(), a scaled upstream ((0.5 * loss).backward(), loss weighting) and gradient
+    accumulation over 3 microbatches ((loss / 3).backward() each, one set of leaves)."""
 
     def step(k: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor):
         keys = cpkit.gather_tokens(k, mesh, differentiable=True)
@@ -245,19 +296,28 @@ def check_compile(mesh, rank: int, cp: int) -> None:
         return loss
 
     generator = torch.Generator().manual_seed(7 + rank)
-    k = torch.randn(4, 3, generator=generator)
-    logits = torch.randn(1, 4, 11, generator=generator)
-    labels = torch.randint(0, 11, (1, 4), generator=generator)
+    microbatches = [(torch.randn(4, 3, generator=generator),
+                     torch.randn(1, 4, 11, generator=generator),
+                     torch.randint(0, 11, (1, 4), generator=generator)) for _ in range(3)]
     valid = torch.tensor([rank > 0, True, True, False])
-    results = []
-    for function in (step, torch.compile(step, fullgraph=True)):
-        k_in = k.clone().requires_grad_(True)
-        logits_in = logits.clone().requires_grad_(True)
-        loss = function(k_in, logits_in, labels, valid)
-        loss.backward()
-        results.append((loss.detach(), k_in.grad, logits_in.grad))
-    for eager, compiled in zip(*results):
-        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+    def run(function, scale: float, count: int) -> list[torch.Tensor]:
+        k_in = microbatches[0][0].clone().requires_grad_(True)
+        logits_in = microbatches[0][1].clone().requires_grad_(True)
+        losses = []
+        for k, logits, labels in microbatches[:count]:
+            # Accumulation: the same leaves (a model's weights) take every microbatch's data.
+            loss = function(k_in + (k - microbatches[0][0]), logits_in + (logits - microbatches[0][1]),
+                            labels, valid)
+            (loss * scale).backward()
+            losses.append(loss.detach())
+        return [*losses, k_in.grad, logits_in.grad]
+
+    compiled = torch.compile(step, fullgraph=True)
+    for scale, count in ((1.0, 1), (0.5, 1), (1.0 / 3, 3)):
+        for eager, traced in zip(run(step, scale, count), run(compiled, scale, count)):
+            torch.testing.assert_close(traced, eager, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"scale {scale}, {count} microbatches: {m}")
 
 
 def check_dead_peer_in_loss(rank: int, cp: int, timeout_s: float) -> None:
@@ -287,14 +347,23 @@ def main() -> None:
         dist.init_process_group("gloo", timeout=timedelta(seconds=dead_peer_timeout))
         check_dead_peer_in_loss(dist.get_rank(), dist.get_world_size(), dead_peer_timeout)
     dist.init_process_group("gloo")
-    rank, cp = dist.get_rank(), dist.get_world_size()
+    world, replica = dist.get_world_size(), 0
     names = os.environ.get("CPKIT_MESHES", "device_mesh")
-    mesh = init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",)) if names == "device_mesh" \
-        else dist.group.WORLD
+    if names == "dp_cp":
+        # A CP sub-mesh of a (dp 2, cp world/2) mesh: CP ranks are not global ranks, and each
+        # data-parallel replica trains on its own batch.
+        mesh_2d = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "cp"))
+        mesh, replica = mesh_2d["cp"], mesh_2d["dp"].get_local_rank()
+    elif names == "device_mesh":
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
+    else:
+        mesh = dist.group.WORLD
+    rank, cp = dist.get_rank(cp_group(mesh)), dist.get_world_size(cp_group(mesh))
     check_gather(mesh, rank, cp)
     check_sharding(mesh, rank, cp)
+    check_offsets(mesh, rank, cp)
     vocab = 37
-    generator = torch.Generator().manual_seed(3)
+    generator = torch.Generator().manual_seed(3 + 100 * replica)
     bshd = {"input_ids": torch.randint(1, vocab, (2, 19), generator=generator),
             "labels": torch.randint(0, vocab, (2, 19), generator=generator),
             "attention_mask": torch.ones(2, 19, dtype=torch.long)}
@@ -317,7 +386,7 @@ def main() -> None:
         check_compile(mesh, rank, cp)
     dist.barrier()
     dist.destroy_process_group()
-    print(f"rank {rank}/{cp}: all checks passed", flush=True)
+    print(f"rank {rank}/{cp} (replica {replica}): all checks passed", flush=True)
 
 
 if __name__ == "__main__":

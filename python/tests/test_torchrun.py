@@ -1,9 +1,10 @@
-"""cpkit under torchrun (gloo on CPU), CP 2, 3 and 4: sharding, gather forward/backward, and
-every rank's loss and logits gradient against plain PyTorch on the unsharded batch (BSHD and
+"""cpkit under torchrun (gloo on CPU), CP 2, 3 and 4, and a CP sub-mesh of a (dp 2, cp 2)
+mesh: sharding (strided inputs too), varlen offsets, gather forward/backward, and every
+rank's loss and logits gradient against plain PyTorch on the unsharded batch (BSHD and
 packed documents straddling ranks, soft cap, N == 0); ranks that disagree (gather dtype,
 loss length and vocabulary, a different batch per rank) raise on every rank within a second;
 a peer that dies in the loss's exchange makes the others raise; torch.compile(fullgraph=True)
-at CP 2. The checks live in cp_worker.py."""
+at CP 2 with upstreams 1 and 0.5 and 3-microbatch accumulation. The checks live in cp_worker.py."""
 
 from __future__ import annotations
 
@@ -34,6 +35,15 @@ def test_cp_world_matches_single_device(torchrun, cp):
 def test_process_group_as_mesh(torchrun):
     out = run_world(torchrun, 2, CPKIT_MESHES="process_group")
     assert out.count("all checks passed") == 2, out
+
+
+def test_cp_sub_mesh_of_a_dp_cp_mesh(torchrun):
+    """World 4 on a (dp 2, cp 2) DeviceMesh passing mesh["cp"]: sharding, offsets, gather and
+    both losses use CP-group ranks, not global ranks."""
+    out = run_world(torchrun, 4, CPKIT_MESHES="dp_cp")
+    for replica in (0, 1):
+        for rank in (0, 1):
+            assert f"rank {rank}/2 (replica {replica}): all checks passed" in out, out
 
 
 def test_compiled_step_matches_eager(torchrun):
