@@ -79,6 +79,38 @@ def test_varlen_from_offsets_equals_masked_attention(cp, fmt):
         assert s["max_k"] == int((cu_k[1:] - cu_k[:-1]).max())
 
 
+@pytest.mark.parametrize("cp", [2, 3])
+def test_rows_whose_documents_start_apart_skip_keys_in_empty_query_segments(cp):
+    """BSHD rows with different left padding: every row's keys are the slice [k_begin, k_end)
+    of its gathered row, so a row whose document starts after k_begin needs a segment of 0
+    queries over the keys it skips. Varlen over the rows flattened equals each row's masked
+    attention on every real query."""
+    T = 24
+    mask = torch.tensor([[0] * 3 + [1] * 21, [0] * 14 + [1] * 10, [1] * 24])
+    batch = {"input_ids": torch.ones(3, T, dtype=torch.long),
+             "labels": torch.ones(3, T, dtype=torch.long), "attention_mask": mask,
+             "qkv_format": "bshd"}
+    whole = cpkit.prepare_cp_inputs(batch, 1).local(0)
+    padded = torch.ops.cpkit.shard_layout(T, cp, 0, 1)[1]
+    rows = [{key: torch.nn.functional.pad(whole[key][b], (0, padded - T),
+                                          value=0 if key != "padding" else True)
+             for key in ("position_ids", "document_ids", "padding")} for b in range(3)]
+    g = torch.Generator().manual_seed(cp)
+    q, k, v = (torch.randn(3, padded, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    L, empty_segments = padded // cp, 0
+    for rank in range(cp):
+        cu_q, cu_k, s = offsets(batch, "bshd", cp, rank)
+        begin = rank * L
+        empty_segments += int(((cu_q[1:] - cu_q[:-1]) == 0).sum())
+        keys = [t[:, s["k_begin"]:s["k_end"]].reshape(-1, 4) for t in (k, v)]
+        got = varlen(q[:, begin:begin + L].reshape(-1, 4), *keys, cu_q, cu_k).view(3, L, 4)
+        for b in range(3):
+            expected = masked(q[b], k[b], v[b], rows[b])[begin:begin + L]
+            real = ~rows[b]["padding"][begin:begin + L]
+            torch.testing.assert_close(got[b][real], expected[real], msg=f"rank {rank} row {b}")
+    assert empty_segments > 0, "the case never needed a segment without queries"
+
+
 def test_packed_local_dict_carries_the_offsets():
     batch = {"input_ids": torch.ones(1, 8, dtype=torch.long),
              "labels": torch.ones(1, 8, dtype=torch.long),

@@ -5,6 +5,7 @@
 
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/gather.hpp"
+#include "cpkit/optimized/validation.hpp"
 #include "rank_expectations.hpp"
 
 namespace cpkit {
@@ -56,6 +57,41 @@ TEST_P(GatherTokensTest, BackwardSumsEveryRanksGradientOntoTheOwner) {
   }));
 }
 
+// The upstream in the layouts a trainer's dK/dV really have (token axis not outermost in
+// memory, a strided slice beside NaN junk, a broadcast): the same owner gradient as its
+// contiguous copy gives.
+TEST_P(GatherTokensTest, BackwardTakesAnyUpstreamLayout) {
+  const int world = GetParam();
+  expect_all_ranks_ok(run_ranks(world, [world](int rank, const MeshPtr& mesh) {
+    const int64_t n = 3, rows = world * n;
+    // Rank r's upstream values (known to every rank): random, or one row broadcast.
+    auto upstream = [&](int r, bool expanded) {
+      at::manual_seed(3000 + r);
+      const at::Tensor u = at::randn({rows, 3, 2});
+      return expanded ? u.narrow(0, 0, 1).expand({rows, 3, 2}).contiguous() : u;
+    };
+    auto lay_out = [&](const at::Tensor& u, int layout) {
+      if (layout == 0) return u.permute({1, 2, 0}).contiguous().permute({2, 0, 1});
+      if (layout == 1)
+        return at::stack({u, at::full_like(u, NAN)}, 3).reshape({rows, 3, 4}).slice(2, 0, 4, 2);
+      return u.narrow(0, 0, 1).expand({rows, 3, 2});
+    };
+    const char* names[] = {"token axis inner", "sliced beside NaN", "expanded"};
+    for (int layout = 0; layout < 3; ++layout) {
+      const bool expanded = layout == 2;
+      const at::Tensor laid_out = lay_out(upstream(rank, expanded), layout);
+      require(!laid_out.is_contiguous() && at::equal(laid_out, upstream(rank, expanded)),
+              std::string(names[layout]) + ": the upstream holds the intended values");
+      const at::Tensor value = rank_value(rank, n, at::kFloat).requires_grad_(true);
+      const at::Tensor gathered = gather_tokens(value, mesh, /*differentiable=*/true);
+      const at::Tensor grad = torch::autograd::grad({gathered}, {value}, {laid_out})[0];
+      at::Tensor expected = at::zeros_like(value);
+      for (int q = 0; q < world; ++q) expected += upstream(q, expanded).narrow(0, rank * n, n);
+      require_close(grad, expected, 1e-6, 1e-6, std::string(names[layout]) + " upstream");
+    }
+  }));
+}
+
 // Mismatches need at least two ranks.
 class GatherMismatchTest : public ::testing::TestWithParam<int> {};
 
@@ -84,6 +120,38 @@ TEST_P(GatherMismatchTest, DifferentTrailingShapesRaiseOnEveryRank) {
       return;
     }
     throw std::runtime_error("no error for trailing shapes that differ across ranks");
+  }));
+}
+
+// With the value checks off a rank checks a (shape, dtype) once per mesh. Every new one is
+// still checked after others were seen: ranks that all meet a new count, trailing shape or
+// dtype, and disagree on it, raise instead of gathering mismatched bytes.
+TEST_P(GatherMismatchTest, NewShapesAndDtypesAreCheckedAfterOthersWereSeen) {
+  const int world = GetParam();
+  expect_all_ranks_ok(run_ranks(world, [](int rank, const MeshPtr& mesh) {
+    struct ChecksOff {
+      ChecksOff() { set_value_checks(ValueChecks::kNever); }
+      ~ChecksOff() { set_value_checks(ValueChecks::kCpuOnly); }
+    } checks_off;
+    gather_tokens(at::zeros({3, 2}), mesh, false);  // seen: [3, 2] float
+    gather_tokens(at::zeros({3, 2}), mesh, false);
+    const std::vector<std::pair<std::string, at::Tensor>> cases = {
+        {"the token count (dimension 0)", at::zeros({4 + rank, 2})},
+        {"dimension 1", at::zeros({3, 4 + rank})},
+        {"the dtype", at::zeros({3, 2}, rank == 0 ? at::kHalf : at::kBFloat16)}};
+    for (const auto& [what, value] : cases) {
+      try {
+        gather_tokens(value, mesh, false);
+      } catch (const Error& e) {
+        require(std::string(e.what()).find(what + " is ") != std::string::npos, e.what());
+        continue;
+      }
+      throw std::runtime_error("no error when the ranks meet " + what + " anew and disagree");
+    }
+    // The group still works, and the shape seen first is still fine.
+    require_equal(
+        gather_tokens(at::full({3, 2}, static_cast<double>(rank)), mesh, false).select(1, 0),
+        at::arange(mesh->size()).repeat_interleave(3).to(at::kFloat), "after");
   }));
 }
 

@@ -10,6 +10,7 @@
 #include "cpkit/optimized/host_cache.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "host_cache_internal.hpp"
 
 namespace cpkit {
 namespace {
@@ -80,6 +81,60 @@ TEST_F(HostCache, KeepsAtMostTheLimitDroppingTheOldestFirst) {
   b = at::Tensor();  // b is kept, a (freed first) is dropped
   EXPECT_EQ(host_cache_stats().cached_bytes, 2 * kMiB);
   EXPECT_EQ(ce_gradient(5).data_ptr(), b_data);
+}
+
+// Storage straight from the cache (the internal entry every output uses): `bytes` of uint8.
+at::Tensor block_of(std::size_t bytes) {
+  return detail::empty_reusable({static_cast<int64_t>(bytes)}, at::TensorOptions(at::kByte));
+}
+
+// Three blocks of different sizes freed in turn under a limit that keeps two: the first
+// freed goes; the two later ones come back to requests of their sizes, the first's misses.
+TEST_F(HostCache, EvictsInTheOrderBlocksWereFreed) {
+  set_host_cache_limit(5 * kMiB);
+  at::Tensor a = block_of(3 * kMiB), b = block_of(2 * kMiB), c = block_of(kMiB + kMiB / 2);
+  const void* b_data = b.data_ptr();
+  const void* c_data = c.data_ptr();
+  a = at::Tensor();  // freed first
+  b = at::Tensor();
+  c = at::Tensor();  // 3 + 2 + 1.5 MiB > 5 MiB: a goes
+  EXPECT_EQ(host_cache_stats().cached_bytes, 2 * kMiB + kMiB + kMiB / 2);
+  const HostCacheStats before = host_cache_stats();
+  const at::Tensor c_again = block_of(kMiB + kMiB / 2), b_again = block_of(2 * kMiB);
+  EXPECT_EQ(c_again.data_ptr(), c_data);
+  EXPECT_EQ(b_again.data_ptr(), b_data);
+  EXPECT_EQ(host_cache_stats().hits, before.hits + 2);
+  const at::Tensor a_again = block_of(3 * kMiB);
+  EXPECT_EQ(host_cache_stats().misses, before.misses + 1) << "the first freed was kept";
+}
+
+// Blocks are whole 64 KiB granules, and a cached block serves a request that needs at most
+// 1/8 less than it holds, never one that needs more or far less.
+TEST_F(HostCache, RoundsToGranulesAndReusesOnlyCloseFits) {
+  constexpr std::size_t kGranule = 64 << 10;
+  const void* data = nullptr;
+  {
+    const at::Tensor t = block_of(kMiB + 1);
+    data = t.data_ptr();
+  }
+  EXPECT_EQ(host_cache_stats().cached_bytes, kMiB + kGranule) << "one byte over rounds up";
+  auto reused = [&](std::size_t bytes) {
+    const HostCacheStats before = host_cache_stats();
+    const at::Tensor t = block_of(bytes);
+    const bool hit = host_cache_stats().hits == before.hits + 1;
+    EXPECT_EQ(hit, t.data_ptr() == data) << bytes << " bytes";
+    return hit;
+  };
+  EXPECT_TRUE(reused(kMiB + kGranule));  // exactly the block
+  EXPECT_TRUE(reused(kMiB));             // 1/16 smaller
+  EXPECT_FALSE(reused(kMiB + kGranule + 1)) << "a block too small was handed out";
+  release_host_cache();
+  {
+    const at::Tensor t = block_of(2 * kMiB);
+    data = t.data_ptr();
+  }
+  EXPECT_TRUE(reused(2 * kMiB - 2 * kGranule));   // 2 MiB is 1/15 larger: fits
+  EXPECT_FALSE(reused(2 * kMiB - 4 * kGranule));  // 2 MiB is 1/7 larger: a new block
 }
 
 TEST_F(HostCache, LimitZeroTurnsItOffAndFreesWhatIsCached) {

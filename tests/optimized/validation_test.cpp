@@ -47,6 +47,32 @@ TEST_F(ValueChecksTest, OffTheStrayLabelGivesNaNNotAStrayRead) {
   EXPECT_TRUE(std::isnan(head.loss.item<float>()));
 }
 
+// The fused head's kernel bound, at its edges: labels V and -1 (the first values outside
+// [0, V)), in the middle row of a chunk after the first, give NaN in their own row of the
+// hidden gradient and in the loss, and nothing else turns NaN: a bound off by one, or a
+// negative label read as an index, would read a neighbouring row and stay finite.
+TEST_F(ValueChecksTest, OffTheFusedHeadsEdgeLabelsGiveNaNInTheirRowsOnly) {
+  set_value_checks(ValueChecks::kNever);
+  constexpr int64_t V = 5;
+  for (const int64_t stray : {V, int64_t{-1}}) {
+    const at::Tensor edge = at::tensor({0L, 1L, 2L, 3L, 4L, 0L}).unsqueeze(0);
+    at::Tensor bad = edge.clone();
+    bad[0][5] = stray;  // the target of position 4, mid second chunk of 3 rows
+    LinearLossOptions options;
+    options.chunk_rows = 3;
+    const at::Tensor hidden = at::randn({1, 6, 3}), weight = at::randn({V, 3});
+    const auto head = shifted_cp_linear_loss_with_grad(hidden, weight, bad,
+                                                       at::ones({6}, at::kBool), nullptr, options);
+    EXPECT_TRUE(std::isnan(head.loss.item<float>())) << "label " << stray;
+    const at::Tensor row_nan = head.grad_hidden[0].isnan().all(1);
+    EXPECT_TRUE(row_nan[4].item<bool>()) << "label " << stray;
+    EXPECT_EQ(row_nan.sum().item<int64_t>(), 1) << "label " << stray;
+    const auto good = shifted_cp_linear_loss_with_grad(hidden, weight, edge,
+                                                       at::ones({6}, at::kBool), nullptr, options);
+    EXPECT_TRUE(std::isfinite(good.loss.item<float>()));  // labels 0 and V - 1 are in range
+  }
+}
+
 }  // namespace
 }  // namespace cpkit
 
