@@ -114,14 +114,7 @@ at::Tensor restore_order(const at::Tensor& local, const Layout& layout, const Me
           ", ...] is required");
   // Tokens first, so the gather concatenates ranks along the token axis.
   const at::Tensor gathered = gather_tokens(local.transpose(0, 1).contiguous(), mesh, true);
-  // Global position g sits at index order[g] of the rank-order concatenation.
-  std::vector<int64_t> order(static_cast<std::size_t>(plan.padded_len));
-  for (int q = 0; q < plan.cp_size; ++q) {
-    const std::vector<int64_t> positions = layout_positions(plan, q);
-    for (std::size_t j = 0; j < positions.size(); ++j)
-      order[static_cast<std::size_t>(positions[j])] = q * plan.local_len + static_cast<int64_t>(j);
-  }
-  const at::Tensor index = at::tensor(order, at::kLong).to(local.device());
+  const at::Tensor index = at::tensor(restore_index(plan), at::kLong).to(local.device());
   return gathered.index_select(0, index).transpose(0, 1);
 }
 

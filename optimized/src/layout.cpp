@@ -216,6 +216,16 @@ std::vector<std::int64_t> layout_positions(const LayoutPlan& plan, int rank) {
   return out;
 }
 
+std::vector<std::int64_t> restore_index(const LayoutPlan& plan) {
+  std::vector<std::int64_t> index(static_cast<std::size_t>(plan.padded_len));
+  for (int q = 0; q < plan.cp_size; ++q) {
+    const std::vector<std::int64_t> positions = layout_positions(plan, q);
+    for (std::size_t j = 0; j < positions.size(); ++j)
+      index[static_cast<std::size_t>(positions[j])] = q * plan.local_len + static_cast<int64_t>(j);
+  }
+  return index;
+}
+
 std::vector<double> layout_work(const LayoutPlan& plan, const std::vector<std::int64_t>& doc_lens,
                                 std::int64_t tile) {
   if (tile < 1) raise("tile", "must be >= 1, got ", tile);

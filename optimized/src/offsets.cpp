@@ -142,13 +142,7 @@ AttentionOffsets attention_offsets(const Sharder& sharder, int microbatch, int r
     // (repeated when the document has several pieces on this rank).
     const LayoutPlan& plan = *l.plan;
     const std::int64_t L = plan.local_len, width = plan.cp_size * L;
-    std::vector<std::int64_t> gathered_at(static_cast<std::size_t>(plan.padded_len));
-    for (int other = 0; other < plan.cp_size; ++other) {
-      const std::vector<std::int64_t> positions = layout_positions(plan, other);
-      for (std::size_t j = 0; j < positions.size(); ++j)
-        gathered_at[static_cast<std::size_t>(positions[j])] =
-            other * L + static_cast<std::int64_t>(j);
-    }
+    const std::vector<std::int64_t> gathered_at = restore_index(plan);
     std::vector<std::int64_t> keys;
     for (std::size_t b = 0; b < starts.size(); ++b) {
       const auto& s = starts[b];

@@ -45,6 +45,7 @@ def shifted_cp_loss(
     valid: torch.Tensor,
     mesh: Mesh = None,
     softcap: float = 0.0,
+    layout: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """HF's shifted next-token cross-entropy across CP shard boundaries.
 
@@ -52,9 +53,12 @@ def shifted_cp_loss(
     [B * L]`` bool (the shard's ``valid``). Returns ``local_sum * CP / N_global`` (0-d
     float32): averaging it, and its gradients, over the CP ranks (as FSDP does) gives the
     single-device mean. ``softcap > 0`` applies ``c * tanh(z / c)`` inside the kernel. The
-    backward hands out the gradient the fused forward wrote.
+    backward hands out the gradient the fused forward wrote. ``layout``: the shard's
+    ``"layout"`` (``Sharder.local(m)["layout"]``) when it was cut with another layout than
+    contiguous; it says where each fragment's next token lives.
     """
-    loss, _ = torch.ops.cpkit.shifted_cp_loss(logits, labels, valid, group_name(mesh), float(softcap))
+    loss, _ = torch.ops.cpkit.shifted_cp_loss(logits, labels, valid, group_name(mesh),
+                                              float(softcap), layout)
     return loss
 
 
@@ -77,6 +81,7 @@ def shifted_cp_linear_loss(
     mesh: Mesh = None,
     softcap: float = 0.0,
     chunk_rows: int = 0,
+    layout: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The LM head fused into :func:`shifted_cp_loss`: never materialises ``[B, L, V]``.
 
@@ -87,13 +92,26 @@ def shifted_cp_linear_loss(
     ``chunk_rows`` token rows at a time (0: as many as fit 256 MiB of fp32 logits and at
     most 256 rows on CPU, 1 GiB on CUDA). Peak extra memory is about one chunk of logits,
     whatever ``L`` is. A gradient is computed only for an input that requires one.
+    ``layout`` as for :func:`shifted_cp_loss`.
     """
     grad_on = torch.is_grad_enabled()
     loss, _, _ = torch.ops.cpkit.shifted_cp_linear_loss(
         hidden, weight, labels, valid, group_name(mesh), float(softcap), int(chunk_rows),
-        grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
+        grad_on and hidden.requires_grad, grad_on and weight.requires_grad, layout,
     )
     return loss
+
+
+@translate
+def restore_order(local: torch.Tensor, layout: torch.Tensor, mesh: Mesh = None) -> torch.Tensor:
+    """Per-token values of this rank's shard ``[rows, L, ...]`` (local order, e.g. per-token
+    losses) -> ``[rows, S_pad, ...]`` in global order, on every rank: ``gather_tokens`` along
+    the token axis, then the layout's permutation (``restore_index``, the library's rule).
+    Differentiable: each rank's tokens get the gradient summed over the ranks that used
+    them. ``layout``: the shard's ``"layout"``."""
+    index = torch.ops.cpkit.restore_index(layout)
+    gathered = gather_tokens(local.transpose(0, 1).contiguous(), mesh)
+    return gathered.index_select(0, index.to(gathered.device)).transpose(0, 1)
 
 
 class Sharder:
@@ -101,12 +119,15 @@ class Sharder:
 
     ``local(m)`` gives a dict of tensors: ``input_ids`` or ``inputs_embeds`` (when
     ``shard_primary``), ``labels``, ``position_ids``, ``document_ids``, ``padding``,
-    ``valid`` (flat ``[rows * L]``), and for packed batches ``cu_seqlens`` and
-    ``cu_seqlens_padded`` (offsets of the global row). ``layout(m)`` gives the token range.
+    ``valid`` (flat ``[rows * L]``), ``layout`` (the plan, an int64 tensor the losses,
+    ``restore_order`` and ``cut_spliced`` take), and for packed batches ``cu_seqlens`` and
+    ``cu_seqlens_padded`` (offsets of the global row) and the attention offsets.
+    ``layout(m)`` gives this rank's fragments of the global sequence, ``positions(m)`` the
+    global position of each local token.
     """
 
     def __init__(self, batch: Batch, mesh: Mesh, num_chunks: int, shard_primary: bool,
-                 pad_multiple: int, pad_token_id: int, qkv_format: str) -> None:
+                 pad_multiple: int, pad_token_id: int, qkv_format: str, layout: str) -> None:
         unknown = sorted(set(batch) - set(_KEYS))
         if unknown:
             raise_error(unknown[0], f"is not a CPBatch field ({', '.join(_KEYS)})")
@@ -125,10 +146,11 @@ class Sharder:
         self._args = (self.cp_size, self.rank, pad_multiple)
         self._pad_token_id = pad_token_id
         self._num_chunks = num_chunks
+        self._layout_kind = layout
         # Through the CP group: the ranks check that they shard the same batch.
         flat = torch.ops.cpkit.shard(
             *(batch.get(key) for key in _TENSOR_KEYS), qkv_format, group_name(mesh),
-            num_chunks, shard_primary, pad_multiple, pad_token_id,
+            num_chunks, shard_primary, pad_multiple, pad_token_id, layout,
         )
         self._shards = [flat[i:i + _STREAMS] for i in range(0, len(flat), _STREAMS)]
         self._packed = qkv_format == "thd"
@@ -141,10 +163,10 @@ class Sharder:
 
     def local(self, microbatch: int) -> dict[str, torch.Tensor]:
         """This rank's tensors of one microbatch."""
-        (primary, labels, positions, documents, padding, valid, _layout, cu, cu_padded) = \
+        (primary, labels, positions, documents, padding, valid, plan, cu, cu_padded) = \
             self._shard(microbatch)
         out = {"labels": labels, "position_ids": positions, "document_ids": documents,
-               "padding": padding, "valid": valid}
+               "padding": padding, "valid": valid, "layout": plan}
         if self.shard_primary:
             out["inputs_embeds" if primary.is_floating_point() else "input_ids"] = primary
         if self._packed:
@@ -157,25 +179,41 @@ class Sharder:
         """Varlen attention offsets of this rank's shard (docs/spec.md section 4a):
         ``cu_seqlens_q``, ``cu_seqlens_k`` (int32, on the batch's device), ``max_seqlen_q``,
         ``max_seqlen_k``, ``k_begin``, ``k_end``. Keys for the kernel are
-        ``gathered_keys[..., k_begin:k_end, ...]`` (rows flattened); segments are causal with
-        bottom-right alignment (flash_attn_varlen_func, torch.nn.attention.varlen). BSHD
-        masks with padding between real tokens raise CPError."""
+        ``gathered_keys[..., k_begin:k_end, ...]`` (rows flattened) for the contiguous layout,
+        else ``gathered_keys.flatten(0, 1)[k_index]`` (``k_index`` given only then: the rows
+        of the rank-order gathered keys, a document's prefix repeated for each of its pieces
+        on this rank); segments are causal with bottom-right alignment
+        (flash_attn_varlen_func, torch.nn.attention.varlen). BSHD masks with padding between
+        real tokens raise CPError."""
         self._shard(microbatch)
         if microbatch in self._offsets:  # computed once per microbatch
             return dict(self._offsets[microbatch])
-        cu_q, cu_k, scalars = torch.ops.cpkit.attention_offsets(
+        cu_q, cu_k, scalars, k_index = torch.ops.cpkit.attention_offsets(
             *(self._batch.get(key) for key in _TENSOR_KEYS), self._format, self.cp_size,
-            self.rank, self._num_chunks, self._args[2], microbatch,
+            self.rank, self._num_chunks, self._args[2], microbatch, self._layout_kind,
         )
         names = ("max_seqlen_q", "max_seqlen_k", "k_begin", "k_end")
         self._offsets[microbatch] = {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
                                      **dict(zip(names, scalars.tolist()))}
+        if self._layout_kind != "contiguous":
+            self._offsets[microbatch]["k_index"] = k_index
         return dict(self._offsets[microbatch])
 
-    def layout(self, microbatch: int) -> dict[str, int]:
-        """seq_len, padded_len, local_len, begin, end of this rank's shard."""
-        values = self._shard(microbatch)[6].tolist()
-        return dict(zip(("seq_len", "padded_len", "local_len", "begin", "end"), values))
+    def layout(self, microbatch: int) -> dict:
+        """``seq_len``, ``padded_len``, ``local_len`` and ``fragments`` (this rank's global
+        ``(begin, end)`` ranges, in local order); for the contiguous layout also ``begin`` and
+        ``end`` of its one range."""
+        values = torch.ops.cpkit.layout_fragments(self._shard(microbatch)[6], self.rank)
+        out = dict(zip(("seq_len", "padded_len", "local_len"), values[:3]))
+        out["fragments"] = list(zip(values[3::2], values[4::2]))
+        if self._layout_kind == "contiguous":
+            out["begin"], out["end"] = out["fragments"][0]
+        return out
+
+    def positions(self, microbatch: int) -> torch.Tensor:
+        """The global (padded) position of each of this rank's local tokens, in local order:
+        ``global_tensor[:, positions]`` is this rank's part of any per-token tensor."""
+        return torch.cat([torch.arange(b, e) for b, e in self.layout(microbatch)["fragments"]])
 
     def global_primary(self, microbatch: int) -> torch.Tensor:
         """shard_primary=False: the microbatch's global, unpadded ids or embeddings."""
@@ -190,9 +228,10 @@ class Sharder:
     def cut_spliced(self, microbatch: int, spliced: torch.Tensor) -> torch.Tensor:
         """The in-forward cut of the model's spliced ``[rows, S, H]`` embeddings (or ids) of
         one microbatch, exactly like every other stream; differentiable for embeddings."""
-        self._shard(microbatch)
+        plan = self._shard(microbatch)[6]
         fill = 0.0 if spliced.is_floating_point() else float(self._pad_token_id)
-        return torch.ops.cpkit.cut_spliced(spliced, *self._args, fill)
+        local_len = self.layout(microbatch)["local_len"]
+        return torch.ops.cpkit.cut_spliced(spliced, plan, self.rank, local_len, fill)
 
     def _shard(self, microbatch: int) -> list:
         if not 0 <= microbatch < self.num_microbatches:
@@ -209,9 +248,12 @@ def prepare_cp_inputs(
     mesh: Mesh = None,
     pad_multiple: int = 1,
     pad_token_id: int = 0,
+    layout: str = "contiguous",
 ) -> Sharder:
-    """Shards a BSHD batch (``qkv_format`` "bshd"): ``num_chunks`` splits the batch axis."""
-    return Sharder(batch, mesh, num_chunks, shard_primary, pad_multiple, pad_token_id, "bshd")
+    """Shards a BSHD batch (``qkv_format`` "bshd"): ``num_chunks`` splits the batch axis.
+    ``layout``: "contiguous" or "head_tail" (docs/spec.md section 2b)."""
+    return Sharder(batch, mesh, num_chunks, shard_primary, pad_multiple, pad_token_id, "bshd",
+                   layout)
 
 
 @translate
@@ -223,11 +265,14 @@ def prepare_packed_cp_inputs(
     mesh: Mesh = None,
     pad_multiple: int = 1,
     pad_token_id: int = 0,
+    layout: str = "contiguous",
 ) -> Sharder:
     """Shards packed documents (``qkv_format`` "thd"): one packed row per microbatch, so
     ``num_chunks`` rows; ``seq_lens`` / ``seq_lens_padded`` ``[num_chunks, D]`` end ragged
-    lists with -1000."""
-    return Sharder(batch, mesh, num_chunks, shard_primary, pad_multiple, pad_token_id, "thd")
+    lists with -1000. ``layout``: "contiguous", "head_tail" or "balanced" (documents of any
+    length spread so every rank does the same causal attention work; docs/spec.md 2b)."""
+    return Sharder(batch, mesh, num_chunks, shard_primary, pad_multiple, pad_token_id, "thd",
+                   layout)
 
 
 def group_of(mesh: Mesh) -> Optional[str]:

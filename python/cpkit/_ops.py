@@ -25,8 +25,9 @@ def _group_size_and_rank(group_name: str) -> tuple[int, int]:
     return group.size(), group.rank()
 
 
-def _local_length(seq_len: int, cp_size: int, rank: int, pad_multiple: int) -> int:
-    return torch.ops.cpkit.shard_layout(seq_len, cp_size, rank, pad_multiple)[2]
+def _local_length(seq_len: int, cp_size: int, rank: int, pad_multiple: int,
+                  layout: str = "contiguous") -> int:
+    return torch.ops.cpkit.shard_layout(seq_len, cp_size, rank, pad_multiple, layout)[2]
 
 
 # ---- gather_tokens: all-gather forward, reduce-scatter SUM backward (and its adjoint) ----
@@ -65,7 +66,7 @@ torch.library.register_autograd(
 
 
 @torch.library.register_fake(_LIB + "shifted_cp_loss")
-def _loss_fake(logits, labels, valid, group_name, softcap):  # type: ignore[no-untyped-def]
+def _loss_fake(logits, labels, valid, group_name, softcap, layout=None):  # type: ignore[no-untyped-def]
     return logits.new_empty(()), torch.empty_like(logits)
 
 
@@ -84,7 +85,7 @@ def _scale_fake(grad_logits, upstream):  # type: ignore[no-untyped-def]
 def _loss_backward(ctx: Any, grad_loss: torch.Tensor, _grad_of_grad: Any) -> tuple:
     (grad,) = ctx.saved_tensors
     if grad_loss is None:  # the loss was not used
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     # The saved gradient is scaled in place (no second [B, L, V] buffer; nothing at all for
     # loss.backward()'s upstream of 1, read on the device for CUDA), so it serves one backward.
     if getattr(ctx, "backward_done", False):
@@ -97,9 +98,9 @@ def _loss_backward(ctx: Any, grad_loss: torch.Tensor, _grad_of_grad: Any) -> tup
     if type(grad) is not torch.Tensor or type(grad_loss) is not torch.Tensor:
         # Traced (fake or functional tensors): compiled graphs may not mutate a tensor saved
         # by the forward, so the trace takes the multiply and the compiler fuses it.
-        return grad * grad_loss, None, None, None, None
+        return grad * grad_loss, None, None, None, None, None
     torch.ops.cpkit.scale_loss_gradient_(grad, grad_loss)
-    return grad, None, None, None, None
+    return grad, None, None, None, None, None
 
 
 torch.library.register_autograd(
@@ -111,7 +112,7 @@ torch.library.register_autograd(
 
 @torch.library.register_fake(_LIB + "shifted_cp_linear_loss")
 def _linear_loss_fake(hidden, weight, labels, valid, group_name, softcap, chunk_rows,
-                      grad_hidden, grad_weight):  # type: ignore[no-untyped-def]
+                      grad_hidden, grad_weight, layout=None):  # type: ignore[no-untyped-def]
     dh = torch.empty_like(hidden) if grad_hidden else hidden.new_empty((0,))
     dw = torch.empty_like(weight) if grad_weight else weight.new_empty((0,))
     return hidden.new_empty((), dtype=torch.float32), dh, dw
@@ -140,7 +141,7 @@ def _times_upstream(grad: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
 
 def _linear_loss_backward(ctx: Any, grad_loss: torch.Tensor, _dh: Any, _dw: Any) -> tuple:
     dh, dw = ctx.saved_tensors
-    none = (None,) * 7
+    none = (None,) * 8
     if grad_loss is None:
         return (None, None) + none
     want_hidden, want_weight = ctx.wanted
@@ -161,11 +162,12 @@ torch.library.register_autograd(
 def _shard_fake(
     input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens, seq_lens_padded,
     qkv_format, group_name, num_chunks, shard_primary, pad_multiple, pad_token_id,
+    layout="contiguous",
 ):  # type: ignore[no-untyped-def]
     cp_size, rank = _group_size_and_rank(group_name)
     batch, seq_len = labels.shape
     rows = 1 if qkv_format == "thd" else batch // num_chunks
-    L = _local_length(seq_len, cp_size, rank, pad_multiple)
+    L = _local_length(seq_len, cp_size, rank, pad_multiple, layout)
     ctx = torch.library.get_ctx()
     out = []
     for _ in range(num_chunks):
@@ -177,48 +179,55 @@ def _shard_fake(
             primary = inputs_embeds.new_empty((rows, L, inputs_embeds.shape[2]))
         stream = labels.new_empty((rows, L))
         flags = labels.new_empty((rows, L), dtype=torch.bool)
-        layout = torch.empty(5, dtype=torch.long)
+        plan = torch.empty(ctx.new_dynamic_size(), dtype=torch.long)  # fragments: data-dependent
         if qkv_format == "thd":
             documents = ctx.new_dynamic_size()
             offsets = [torch.empty(documents + 1, dtype=torch.long) for _ in range(2)]
         else:
             offsets = [labels.new_empty((0,)) for _ in range(2)]
         out += [primary, stream, stream.clone(), stream.clone(), flags,
-                labels.new_empty((rows * L,), dtype=torch.bool), layout, *offsets]
+                labels.new_empty((rows * L,), dtype=torch.bool), plan, *offsets]
     return out
 
 
 @torch.library.register_fake(_LIB + "attention_offsets")
 def _offsets_fake(
     input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens, seq_lens_padded,
-    qkv_format, cp_size, rank, num_chunks, pad_multiple, microbatch,
+    qkv_format, cp_size, rank, num_chunks, pad_multiple, microbatch, layout="contiguous",
 ):  # type: ignore[no-untyped-def]
-    segments = torch.library.get_ctx().new_dynamic_size()  # data-dependent
+    ctx = torch.library.get_ctx()
+    segments = ctx.new_dynamic_size()  # data-dependent
     offsets = [labels.new_empty((segments + 1,), dtype=torch.int32) for _ in range(2)]
-    return offsets[0], offsets[1], torch.empty(4, dtype=torch.long)
+    k_index = labels.new_empty((ctx.new_dynamic_size(),), dtype=torch.long)
+    return offsets[0], offsets[1], torch.empty(4, dtype=torch.long), k_index
 
 
 @torch.library.register_fake(_LIB + "cut_spliced")
-def _cut_fake(spliced, cp_size, rank, pad_multiple, fill):  # type: ignore[no-untyped-def]
-    L = _local_length(spliced.shape[1], cp_size, rank, pad_multiple)
-    return spliced.new_empty((spliced.shape[0], L, *spliced.shape[2:]))
+def _cut_fake(spliced, layout, rank, local_len, fill):  # type: ignore[no-untyped-def]
+    return spliced.new_empty((spliced.shape[0], local_len, *spliced.shape[2:]))
 
 
 @torch.library.register_fake(_LIB + "cut_spliced_backward")
-def _uncut_fake(grad, seq_len, cp_size, rank, pad_multiple):  # type: ignore[no-untyped-def]
+def _uncut_fake(grad, layout, rank, seq_len):  # type: ignore[no-untyped-def]
     return grad.new_empty((grad.shape[0], seq_len, *grad.shape[2:]))
 
 
 def _cut_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-    spliced, ctx.cp_size, ctx.rank, ctx.pad_multiple, _ = inputs
+    spliced, layout, ctx.rank, _, _ = inputs
+    ctx.save_for_backward(layout)
     ctx.seq_len = spliced.shape[1]
 
 
 def _cut_backward(ctx: Any, grad: torch.Tensor) -> tuple:
-    full = torch.ops.cpkit.cut_spliced_backward(
-        grad, ctx.seq_len, ctx.cp_size, ctx.rank, ctx.pad_multiple
-    )
+    (layout,) = ctx.saved_tensors
+    full = torch.ops.cpkit.cut_spliced_backward(grad, layout, ctx.rank, ctx.seq_len)
     return full, None, None, None, None
 
 
 torch.library.register_autograd(_LIB + "cut_spliced", _cut_backward, setup_context=_cut_setup)
+
+
+@torch.library.register_fake(_LIB + "restore_index")
+def _restore_index_fake(layout):  # type: ignore[no-untyped-def]
+    padded_len = torch.library.get_ctx().new_dynamic_size()  # inside the plan's values
+    return layout.new_empty((padded_len,))

@@ -13,6 +13,7 @@
 #include "cpkit/optimized/offsets.hpp"
 #include "cpkit/optimized/sharder.hpp"
 #include "cpkit/optimized/validation.hpp"
+#include "layout_codec.hpp"
 #include "mesh_registry.hpp"
 
 namespace cpkit::python {
@@ -36,6 +37,11 @@ at::Tensor fresh(const at::Tensor& out, const at::Tensor& input) {
   return input.defined() && out.is_alias_of(input) ? out.clone() : out;
 }
 
+// The plan a loss was cut with: none (contiguous) or the shard's "layout" tensor.
+std::shared_ptr<const LayoutPlan> plan_or_none(const std::optional<at::Tensor>& layout) {
+  return layout.has_value() ? plan_from_tensor(*layout, "layout") : nullptr;
+}
+
 at::Tensor gather_tokens_op(const at::Tensor& value, const std::string& group_name) {
   return checked([&] {
     return fresh(gather_tokens(value, mesh_for(group_name, value.device()), false), value);
@@ -51,11 +57,12 @@ at::Tensor reduce_scatter_tokens_op(const at::Tensor& grad, const std::string& g
 std::tuple<at::Tensor, at::Tensor> shifted_cp_loss_op(const at::Tensor& logits,
                                                       const at::Tensor& labels,
                                                       const at::Tensor& valid,
-                                                      const std::string& group_name,
-                                                      double softcap) {
+                                                      const std::string& group_name, double softcap,
+                                                      const std::optional<at::Tensor>& layout) {
   return checked([&] {
-    LossWithGrad out = shifted_cp_loss_with_grad(
-        logits, labels, valid, mesh_for(group_name, logits.device()), {.softcap = softcap});
+    LossWithGrad out =
+        shifted_cp_loss_with_grad(logits, labels, valid, mesh_for(group_name, logits.device()),
+                                  {.softcap = softcap, .layout = plan_or_none(layout)});
     return std::make_tuple(out.loss, out.grad_logits);
   });
 }
@@ -68,11 +75,11 @@ void scale_loss_gradient_op(const at::Tensor& grad_logits, const at::Tensor& ups
 std::tuple<at::Tensor, at::Tensor, at::Tensor> shifted_cp_linear_loss_op(
     const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
     const at::Tensor& valid, const std::string& group_name, double softcap, int64_t chunk_rows,
-    bool grad_hidden, bool grad_weight) {
+    bool grad_hidden, bool grad_weight, const std::optional<at::Tensor>& layout) {
   return checked([&] {
     LinearLossWithGrad out = shifted_cp_linear_loss_with_grad(
         hidden, weight, labels, valid, mesh_for(group_name, hidden.device()),
-        {.softcap = softcap, .chunk_rows = chunk_rows},
+        {.softcap = softcap, .chunk_rows = chunk_rows, .layout = plan_or_none(layout)},
         {.hidden = grad_hidden, .weight = grad_weight});
     auto or_empty = [](const at::Tensor& g, const at::Tensor& like) {
       return g.defined() ? g : like.new_empty({0});
@@ -115,8 +122,9 @@ CPBatch batch_of(const std::optional<at::Tensor>& input_ids,
 }
 
 Sharder sharder_on(const CPBatch& batch, const MeshPtr& mesh, int64_t num_chunks,
-                   bool shard_primary, int64_t pad_multiple, int64_t pad_token_id) {
-  const PadOptions pad{static_cast<int>(pad_multiple), pad_token_id};
+                   bool shard_primary, int64_t pad_multiple, int64_t pad_token_id,
+                   const std::string& layout) {
+  const PadOptions pad{static_cast<int>(pad_multiple), pad_token_id, layout_kind(layout)};
   return batch.qkv_format == "thd"
              ? prepare_packed_cp_inputs(batch, mesh, static_cast<int>(num_chunks), shard_primary,
                                         pad)
@@ -126,8 +134,8 @@ Sharder sharder_on(const CPBatch& batch, const MeshPtr& mesh, int64_t num_chunks
 // The batch sharded for `cp_size` ranks without communication (attention offsets: computed
 // per rank on demand, so no collective may run here).
 Sharder sharder_for(const CPBatch& batch, int64_t cp_size, int64_t rank, int64_t num_chunks,
-                    int64_t pad_multiple) {
-  const PadOptions pad{static_cast<int>(pad_multiple), 0};
+                    int64_t pad_multiple, const std::string& layout) {
+  const PadOptions pad{static_cast<int>(pad_multiple), 0, layout_kind(layout)};
   Sharder sharder = batch.qkv_format == "thd"
                         ? prepare_packed_cp_inputs_for(batch, static_cast<int>(cp_size),
                                                        static_cast<int>(num_chunks), false, pad)
@@ -138,22 +146,22 @@ Sharder sharder_for(const CPBatch& batch, int64_t cp_size, int64_t rank, int64_t
 }
 
 // Per microbatch, nine tensors: primary (ids or embeddings; empty when not sharded), labels,
-// position_ids, document_ids, padding, valid, layout [seq_len, padded_len, local_len, begin,
-// end], cu_seqlens, cu_seqlens_padded (empty for BSHD).
+// position_ids, document_ids, padding, valid, the layout plan (layout_codec.hpp), cu_seqlens,
+// cu_seqlens_padded (empty for BSHD).
 std::vector<at::Tensor> shard_op(
     const std::optional<at::Tensor>& input_ids, const std::optional<at::Tensor>& inputs_embeds,
     const at::Tensor& labels, const std::optional<at::Tensor>& position_ids,
     const std::optional<at::Tensor>& attention_mask, const std::optional<at::Tensor>& seq_lens,
     const std::optional<at::Tensor>& seq_lens_padded, const std::string& qkv_format,
     const std::string& group_name, int64_t num_chunks, bool shard_primary, int64_t pad_multiple,
-    int64_t pad_token_id) {
+    int64_t pad_token_id, const std::string& layout) {
   return checked([&] {
     // Through the mesh: the ranks check that they shard the same batch (sharder.hpp).
     const Sharder sharder =
         sharder_on(batch_of(input_ids, inputs_embeds, labels, position_ids, attention_mask,
                             seq_lens, seq_lens_padded, qkv_format),
                    mesh_for(group_name, labels.device()), num_chunks, shard_primary, pad_multiple,
-                   pad_token_id);
+                   pad_token_id, layout);
     const bool packed = qkv_format == "thd";
     const int rank = sharder.rank();
     // A fresh empty tensor for each absent output: outputs never alias each other.
@@ -165,64 +173,99 @@ std::vector<at::Tensor> shard_op(
                                  : s.inputs_embeds.defined()
                                      ? fresh(s.inputs_embeds, *inputs_embeds)
                                      : none();
-      const Layout& l = s.layout;
-      out.insert(out.end(), {primary, fresh(s.labels, labels), s.position_ids, s.document_ids,
-                             s.padding, s.valid,
-                             at::tensor({l.seq_len, l.padded_len, l.local_len,
-                                         l.fragments.front().begin, l.fragments.back().end}),
-                             packed ? sharder.cu_seqlens(m) : none(),
-                             packed ? sharder.cu_seqlens_padded(m) : none()});
+      out.insert(out.end(),
+                 {primary, fresh(s.labels, labels), s.position_ids, s.document_ids, s.padding,
+                  s.valid, plan_to_tensor(*s.layout.plan), packed ? sharder.cu_seqlens(m) : none(),
+                  packed ? sharder.cu_seqlens_padded(m) : none()});
     }
     return out;
   });
 }
 
 // Varlen attention offsets of one microbatch (offsets.hpp): cu_seqlens_q, cu_seqlens_k
-// (int32, on the batch's device) and [max_seqlen_q, max_seqlen_k, k_begin, k_end].
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_offsets_op(
+// (int32, on the batch's device), [max_seqlen_q, max_seqlen_k, k_begin, k_end] and k_index
+// (int64; empty for the contiguous layout).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_offsets_op(
     const std::optional<at::Tensor>& input_ids, const std::optional<at::Tensor>& inputs_embeds,
     const at::Tensor& labels, const std::optional<at::Tensor>& position_ids,
     const std::optional<at::Tensor>& attention_mask, const std::optional<at::Tensor>& seq_lens,
     const std::optional<at::Tensor>& seq_lens_padded, const std::string& qkv_format,
-    int64_t cp_size, int64_t rank, int64_t num_chunks, int64_t pad_multiple, int64_t microbatch) {
+    int64_t cp_size, int64_t rank, int64_t num_chunks, int64_t pad_multiple, int64_t microbatch,
+    const std::string& layout) {
   return checked([&] {
     const Sharder sharder =
         sharder_for(batch_of(input_ids, inputs_embeds, labels, position_ids, attention_mask,
                              seq_lens, seq_lens_padded, qkv_format),
-                    cp_size, rank, num_chunks, pad_multiple);
+                    cp_size, rank, num_chunks, pad_multiple, layout);
     const AttentionOffsets o =
         attention_offsets(sharder, static_cast<int>(microbatch), static_cast<int>(rank));
     return std::make_tuple(o.cu_seqlens_q, o.cu_seqlens_k,
-                           at::tensor({o.max_seqlen_q, o.max_seqlen_k, o.k_begin, o.k_end}));
+                           at::tensor({o.max_seqlen_q, o.max_seqlen_k, o.k_begin, o.k_end}),
+                           o.k_index.defined() ? o.k_index : at::empty({0}, at::kLong));
   });
 }
 
+// layout_summary of rank's shard of seq_len tokens; for "balanced" (which needs the
+// documents) the three lengths alone: what the fake kernels need.
 std::vector<int64_t> shard_layout_op(int64_t seq_len, int64_t cp_size, int64_t rank,
-                                     int64_t pad_multiple) {
+                                     int64_t pad_multiple, const std::string& layout) {
   return checked([&] {
+    const LayoutKind kind = layout_kind(layout);
+    if (kind == LayoutKind::kBalanced) {
+      if (rank < 0 || rank >= cp_size) raise("rank", "must be in [0, ", cp_size, "), got ", rank);
+      const int64_t padded = layout_padded_length(kind, seq_len, static_cast<int>(cp_size),
+                                                  static_cast<int>(pad_multiple));
+      return std::vector<int64_t>{seq_len, padded, padded / cp_size};
+    }
     const Layout l = shard_layout(seq_len, static_cast<int>(cp_size), static_cast<int>(rank),
-                                  static_cast<int>(pad_multiple));
-    return std::vector<int64_t>{l.seq_len, l.padded_len, l.local_len, l.fragments.front().begin,
-                                l.fragments.back().end};
+                                  static_cast<int>(pad_multiple), kind);
+    return layout_summary(*l.plan, static_cast<int>(rank));
   });
 }
 
-at::Tensor cut_spliced_op(const at::Tensor& spliced, int64_t cp_size, int64_t rank,
-                          int64_t pad_multiple, double fill) {
+std::vector<int64_t> layout_fragments_op(const at::Tensor& layout, int64_t rank) {
+  return checked(
+      [&] { return layout_summary(*plan_from_tensor(layout, "layout"), static_cast<int>(rank)); });
+}
+
+// restore_order's permutation (layout.hpp restore_index) on the plan's device.
+at::Tensor restore_index_op(const at::Tensor& layout) {
+  return checked([&] {
+    return at::tensor(restore_index(*plan_from_tensor(layout, "layout")), at::kLong)
+        .to(layout.device());
+  });
+}
+
+// Rank's Layout in the plan, checking the caller's local length (the fake kernel's shape).
+Layout rank_layout(const at::Tensor& layout, int64_t rank, int64_t local_len) {
+  const auto plan = plan_from_tensor(layout, "layout");
+  if (rank < 0 || rank >= plan->cp_size)
+    raise("rank", "must be in [0, ", plan->cp_size, "), got ", rank);
+  if (local_len != plan->local_len)
+    raise("local_len", "is ", local_len, " but the layout gives each rank ", plan->local_len);
+  return layout_of(plan, static_cast<int>(rank));
+}
+
+at::Tensor cut_spliced_op(const at::Tensor& spliced, const at::Tensor& layout, int64_t rank,
+                          int64_t local_len, double fill) {
   return checked([&] {
     if (spliced.dim() < 2)
       raise("spliced", "must be [rows, S, ...], got ", spliced.dim(), " dimensions");
-    const Layout l = shard_layout(spliced.size(1), static_cast<int>(cp_size),
-                                  static_cast<int>(rank), static_cast<int>(pad_multiple));
+    const Layout l = rank_layout(layout, rank, local_len);
+    if (spliced.size(1) != l.seq_len)
+      raise("spliced", "has ", spliced.size(1), " tokens per row but the layout was planned for ",
+            l.seq_len);
     return fresh(cut_columns(spliced, l, fill), spliced);
   });
 }
 
-at::Tensor cut_spliced_backward_op(const at::Tensor& grad, int64_t seq_len, int64_t cp_size,
-                                   int64_t rank, int64_t pad_multiple) {
+at::Tensor cut_spliced_backward_op(const at::Tensor& grad, const at::Tensor& layout, int64_t rank,
+                                   int64_t seq_len) {
   return checked([&] {
-    const Layout l = shard_layout(seq_len, static_cast<int>(cp_size), static_cast<int>(rank),
-                                  static_cast<int>(pad_multiple));
+    if (grad.dim() < 2) raise("grad", "must be [rows, L, ...], got ", grad.dim(), " dimensions");
+    const Layout l = rank_layout(layout, rank, grad.size(1));
+    if (seq_len != l.seq_len)
+      raise("seq_len", "is ", seq_len, " but the layout was planned for ", l.seq_len);
     return cut_columns_backward(grad, l);
   });
 }
@@ -233,35 +276,38 @@ TORCH_LIBRARY(cpkit, m) {
   m.def("gather_tokens(Tensor value, str group_name) -> Tensor");
   m.def("reduce_scatter_tokens(Tensor grad, str group_name) -> Tensor");
   m.def(
-      "shifted_cp_loss(Tensor logits, Tensor labels, Tensor valid, str group_name, float softcap) "
-      "-> (Tensor, Tensor)");
+      "shifted_cp_loss(Tensor logits, Tensor labels, Tensor valid, str group_name, float softcap, "
+      "Tensor? layout=None) -> (Tensor, Tensor)");
   // The loss's backward: scales the saved gradient in place (nothing when the upstream is 1).
   m.def("scale_loss_gradient_(Tensor(a!) grad_logits, Tensor upstream) -> ()");
   m.def(
       "shifted_cp_linear_loss(Tensor hidden, Tensor weight, Tensor labels, Tensor valid, "
-      "str group_name, float softcap, int chunk_rows, bool grad_hidden, bool grad_weight) "
-      "-> (Tensor, Tensor, Tensor)");
+      "str group_name, float softcap, int chunk_rows, bool grad_hidden, bool grad_weight, "
+      "Tensor? layout=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "shard(Tensor? input_ids, Tensor? inputs_embeds, Tensor labels, Tensor? position_ids, "
       "Tensor? attention_mask, Tensor? seq_lens, Tensor? seq_lens_padded, str qkv_format, "
       "str group_name, int num_chunks, bool shard_primary, int pad_multiple, "
-      "int pad_token_id) -> Tensor[]");
+      "int pad_token_id, str layout=\"contiguous\") -> Tensor[]");
   m.def(
       "attention_offsets(Tensor? input_ids, Tensor? inputs_embeds, Tensor labels, "
       "Tensor? position_ids, Tensor? attention_mask, Tensor? seq_lens, Tensor? seq_lens_padded, "
-      "str qkv_format, int cp_size, int rank, int num_chunks, int pad_multiple, int microbatch) "
-      "-> (Tensor, Tensor, Tensor)");
-  // [seq_len, padded_len, local_len, begin, end] of one rank's shard: the shapes the fake
-  // kernels report come from the library's own rule.
-  m.def("shard_layout(int seq_len, int cp_size, int rank, int pad_multiple) -> int[]",
-        &shard_layout_op);
+      "str qkv_format, int cp_size, int rank, int num_chunks, int pad_multiple, int microbatch, "
+      "str layout=\"contiguous\") -> (Tensor, Tensor, Tensor, Tensor)");
+  // [seq_len, padded_len, local_len, then the rank's fragments as begin, end pairs]: the
+  // shapes the fake kernels report come from the library's own rule.
+  m.def(
+      "shard_layout(int seq_len, int cp_size, int rank, int pad_multiple, "
+      "str layout=\"contiguous\") -> int[]",
+      &shard_layout_op);
+  // The same summary of a shard's layout plan; and restore_order's permutation of it.
+  m.def("layout_fragments(Tensor layout, int rank) -> int[]", &layout_fragments_op);
+  m.def("restore_index(Tensor layout) -> Tensor");
   // Process-wide: not a tensor op, called outside any traced region.
   m.def("set_value_checks(str mode) -> ()", &set_value_checks_op);
   m.def(
-      "cut_spliced(Tensor spliced, int cp_size, int rank, int pad_multiple, float fill) -> Tensor");
-  m.def(
-      "cut_spliced_backward(Tensor grad, int seq_len, int cp_size, int rank, int pad_multiple) "
-      "-> Tensor");
+      "cut_spliced(Tensor spliced, Tensor layout, int rank, int local_len, float fill) -> Tensor");
+  m.def("cut_spliced_backward(Tensor grad, Tensor layout, int rank, int seq_len) -> Tensor");
 }
 
 // The library's functions take CPU and CUDA tensors alike and pick their kernels themselves.
@@ -276,6 +322,7 @@ TORCH_LIBRARY(cpkit, m) {
     m.impl("attention_offsets", &attention_offsets_op);           \
     m.impl("cut_spliced", &cut_spliced_op);                       \
     m.impl("cut_spliced_backward", &cut_spliced_backward_op);     \
+    m.impl("restore_index", &restore_index_op);                   \
   }
 CPKIT_REGISTER_KERNELS(CPU)
 CPKIT_REGISTER_KERNELS(CUDA)

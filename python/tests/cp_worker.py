@@ -64,19 +64,21 @@ def mean_over_ranks(loss: torch.Tensor, mesh, cp: int) -> torch.Tensor:
 
 
 def check_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab: int, seed: int,
-               softcap: float = 0.0) -> None:
+               softcap: float = 0.0, layout_kind: str = "contiguous") -> None:
     prepare = cpkit.prepare_packed_cp_inputs if packed else cpkit.prepare_cp_inputs
     chunks = batch["labels"].shape[0] if packed else 1
-    sharder = prepare(batch, chunks, mesh=mesh)
+    sharder = prepare(batch, chunks, mesh=mesh, layout=layout_kind)
     whole = prepare(batch, chunks, mesh=None)
     for m in range(sharder.num_microbatches):
         layout = sharder.layout(m)
         local = sharder.local(m)
+        positions = sharder.positions(m)  # this rank's tokens of the global sequence
         rows, length = local["labels"].shape
         generator = torch.Generator().manual_seed(seed + m)
         global_logits = torch.randn(rows, layout["padded_len"], vocab, generator=generator) * 3
-        logits = global_logits[:, layout["begin"]:layout["end"]].contiguous().requires_grad_(True)
-        loss = cpkit.shifted_cp_loss(logits, local["labels"], local["valid"], mesh, softcap=softcap)
+        logits = global_logits[:, positions].contiguous().requires_grad_(True)
+        loss = cpkit.shifted_cp_loss(logits, local["labels"], local["valid"], mesh, softcap=softcap,
+                                     layout=local["layout"])
         loss.backward()
         # The truth: plain PyTorch on the unsharded microbatch.
         full = whole.local(m)
@@ -88,17 +90,17 @@ def check_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab: int, 
         # Gradients: the CP / N scale means rank gradients are averaged: grad_r / CP = truth.
         expected = torch.zeros(rows, layout["padded_len"], vocab)
         expected[:, :layout["seq_len"]] = truth_logits.grad
-        torch.testing.assert_close(logits.grad / cp, expected[:, layout["begin"]:layout["end"]],
-                                   rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(logits.grad / cp, expected[:, positions], rtol=1e-4, atol=1e-7)
 
 
 def check_linear_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab: int, seed: int,
-                      softcap: float = 0.0, chunk_rows: int = 0) -> None:
+                      softcap: float = 0.0, chunk_rows: int = 0,
+                      layout_kind: str = "contiguous") -> None:
     """The fused LM head against plain PyTorch: the head's matmul, then the loss on the whole
     microbatch; d weight summed over ranks (as FSDP's reduce does) / CP = the truth's."""
     prepare = cpkit.prepare_packed_cp_inputs if packed else cpkit.prepare_cp_inputs
     chunks = batch["labels"].shape[0] if packed else 1
-    sharder = prepare(batch, chunks, mesh=mesh)
+    sharder = prepare(batch, chunks, mesh=mesh, layout=layout_kind)
     whole = prepare(batch, chunks, mesh=None)
     hidden_size = 12
     weight = torch.randn(vocab, hidden_size, generator=torch.Generator().manual_seed(seed)) * 0.8
@@ -108,10 +110,12 @@ def check_linear_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab
         rows = local["labels"].shape[0]
         generator = torch.Generator().manual_seed(seed + 100 + m)
         global_hidden = torch.randn(rows, layout["padded_len"], hidden_size, generator=generator)
-        hidden = global_hidden[:, layout["begin"]:layout["end"]].clone().requires_grad_(True)
+        positions = sharder.positions(m)
+        hidden = global_hidden[:, positions].clone().requires_grad_(True)
         w = weight.clone().requires_grad_(True)
         loss = cpkit.shifted_cp_linear_loss(hidden, w, local["labels"], local["valid"], mesh,
-                                            softcap=softcap, chunk_rows=chunk_rows)
+                                            softcap=softcap, chunk_rows=chunk_rows,
+                                            layout=local["layout"])
         loss.backward()
         full = whole.local(m)
         truth_hidden = global_hidden[:, :layout["seq_len"]].clone().requires_grad_(True)
@@ -126,8 +130,7 @@ def check_linear_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab
         torch.testing.assert_close(dweight / cp, truth_w.grad, rtol=1e-4, atol=1e-6)
         expected = torch.zeros(rows, layout["padded_len"], hidden_size)
         expected[:, :layout["seq_len"]] = truth_hidden.grad
-        torch.testing.assert_close(hidden.grad / cp, expected[:, layout["begin"]:layout["end"]],
-                                   rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(hidden.grad / cp, expected[:, positions], rtol=1e-4, atol=1e-6)
 
 
 def check_gather(mesh, rank: int, cp: int) -> None:
@@ -190,17 +193,19 @@ def check_sharding(mesh, rank: int, cp: int) -> None:
     opcheck_shard(_group_name(mesh))
 
 
-def check_offsets(mesh, rank: int, cp: int) -> None:
+def check_offsets(mesh, rank: int, cp: int, layout_kind: str = "contiguous") -> None:
     """Varlen attention driven by this rank's offsets, over keys gathered from every rank,
     equals masked attention over the unsharded row on every real query of this rank's shard
-    (test_offsets.py's functions; a rank index from outside the CP group gives other rows)."""
+    (test_offsets.py's functions; a rank index from outside the CP group gives other rows).
+    Other layouts than contiguous pick the keys from the gathered rows by k_index."""
     T = 23
     batch = {"input_ids": torch.ones(1, T, dtype=torch.long),
              "labels": torch.ones(1, T, dtype=torch.long), "qkv_format": "thd",
              "seq_lens": torch.tensor([[9, 0, 4, 6]]),
              "seq_lens_padded": torch.tensor([[10, 1, 4, 6]])}
-    sharder = cpkit.prepare_packed_cp_inputs(batch, 1, mesh=mesh)
+    sharder = cpkit.prepare_packed_cp_inputs(batch, 1, mesh=mesh, layout=layout_kind)
     layout, offsets = sharder.layout(0), sharder.attention_offsets(0)
+    positions = sharder.positions(0)
     whole = cpkit.prepare_packed_cp_inputs(batch, 1).local(0)
     pad = layout["padded_len"] - T
     whole = {key: torch.nn.functional.pad(whole[key], (0, pad), value=key == "padding")
@@ -208,14 +213,53 @@ def check_offsets(mesh, rank: int, cp: int) -> None:
     g = torch.Generator().manual_seed(cp)
     q, k, v = (torch.randn(layout["padded_len"], 4, generator=g)
                for _ in range(3))
-    begin, end = layout["begin"], layout["end"]
-    keys, values = (cpkit.gather_tokens(t[begin:end], mesh, differentiable=False) for t in (k, v))
-    k_begin, k_end = offsets["k_begin"], offsets["k_end"]
-    got = varlen(q[begin:end], keys[k_begin:k_end], values[k_begin:k_end],
-                 offsets["cu_seqlens_q"], offsets["cu_seqlens_k"])
-    real = ~whole["padding"].flatten()[begin:end]
-    expected = masked(q, k, v, whole)[begin:end]
+    keys, values = (cpkit.gather_tokens(t[positions], mesh, differentiable=False) for t in (k, v))
+    if "k_index" in offsets:
+        keys, values = keys[offsets["k_index"]], values[offsets["k_index"]]
+    else:
+        keys, values = (t[offsets["k_begin"]:offsets["k_end"]] for t in (keys, values))
+    got = varlen(q[positions], keys, values, offsets["cu_seqlens_q"], offsets["cu_seqlens_k"])
+    real = ~whole["padding"].flatten()[positions]
+    expected = masked(q, k, v, whole)[positions]
     torch.testing.assert_close(got[real], expected[real])
+
+
+def check_layout_streams(batch: dict, packed: bool, mesh, rank: int, cp: int,
+                         layout_kind: str) -> None:
+    """Another layout than contiguous: restore_order puts every stream back in global order
+    (= the unsharded layout); its gradient reaches each rank's own tokens from every rank;
+    the in-forward cut equals the eager shard and its gradient lands on the rank's tokens."""
+    prepare = cpkit.prepare_packed_cp_inputs if packed else cpkit.prepare_cp_inputs
+    chunks = batch["labels"].shape[0] if packed else 1
+    sharder = prepare(batch, chunks, mesh=mesh, layout=layout_kind)
+    whole = prepare(batch, chunks, mesh=None)
+    for m in range(sharder.num_microbatches):
+        local, full, plan = sharder.local(m), whole.local(m), sharder.local(m)["layout"]
+        T = sharder.layout(m)["seq_len"]
+        for key in ("input_ids", "labels", "position_ids", "document_ids", "padding"):
+            back = cpkit.restore_order(local[key], plan, mesh)[:, :T]
+            assert torch.equal(back, full[key]), (layout_kind, m, key, back, full[key])
+        positions = sharder.positions(m)
+        x = torch.randn(local["labels"].shape, generator=torch.Generator().manual_seed(rank))
+        x.requires_grad_(True)
+        weights = torch.randn(x.shape[0], sharder.layout(m)["padded_len"],
+                              generator=torch.Generator().manual_seed(m))  # same on every rank
+        (cpkit.restore_order(x, plan, mesh) * weights).sum().backward()
+        torch.testing.assert_close(x.grad, cp * weights[:, positions])
+    rows = batch["labels"].shape[0]
+    embeds = torch.randn(rows, batch["labels"].shape[1], 4,
+                         generator=torch.Generator().manual_seed(5))
+    with_embeds = {**batch, "input_ids": None, "inputs_embeds": embeds}
+    eager = prepare(with_embeds, chunks, mesh=mesh, layout=layout_kind)
+    lazy = prepare(with_embeds, chunks, False, mesh=mesh, layout=layout_kind)
+    for m in range(lazy.num_microbatches):
+        spliced = lazy.global_primary(m).clone().requires_grad_(True)
+        cut = lazy.cut_spliced(m, spliced)
+        assert torch.equal(cut, eager.local(m)["inputs_embeds"]), (layout_kind, m)
+        cut.sum().backward()
+        expected = torch.zeros(spliced.shape[0], lazy.layout(m)["padded_len"], 4)
+        expected[:, lazy.positions(m)] = 1
+        assert torch.equal(spliced.grad, expected[:, :spliced.shape[1]]), (layout_kind, m)
 
 
 def expect_disagreement(mesh, rank: int, cp: int, call, argument: str, *parts: str) -> None:
@@ -361,7 +405,8 @@ def main() -> None:
     rank, cp = dist.get_rank(cp_group(mesh)), dist.get_world_size(cp_group(mesh))
     check_gather(mesh, rank, cp)
     check_sharding(mesh, rank, cp)
-    check_offsets(mesh, rank, cp)
+    for kind in ("contiguous", "head_tail", "balanced"):
+        check_offsets(mesh, rank, cp, kind)
     vocab = 37
     generator = torch.Generator().manual_seed(3 + 100 * replica)
     bshd = {"input_ids": torch.randint(1, vocab, (2, 19), generator=generator),
@@ -381,6 +426,15 @@ def main() -> None:
     check_loss({**bshd, "labels": torch.full((2, 19), IGNORE)}, False, mesh, rank, cp, vocab, seed=14)
     check_linear_loss(bshd, False, mesh, rank, cp, vocab, seed=15, chunk_rows=3)
     check_linear_loss(packed, True, mesh, rank, cp, vocab, seed=16, softcap=4.0)
+    # Load-balanced layouts (spec 2b): the same truths.
+    check_layout_streams(bshd, False, mesh, rank, cp, "head_tail")
+    check_loss(bshd, False, mesh, rank, cp, vocab, seed=17, layout_kind="head_tail")
+    check_linear_loss(bshd, False, mesh, rank, cp, vocab, seed=18, layout_kind="head_tail")
+    for kind in ("head_tail", "balanced"):
+        check_layout_streams(packed, True, mesh, rank, cp, kind)
+        check_loss(packed, True, mesh, rank, cp, vocab, seed=19, softcap=2.5, layout_kind=kind)
+        check_linear_loss(packed, True, mesh, rank, cp, vocab, seed=20, chunk_rows=5,
+                          layout_kind=kind)
     check_errors(mesh, rank, cp)
     if os.environ.get("CPKIT_COMPILE") == "1":
         check_compile(mesh, rank, cp)

@@ -38,7 +38,7 @@ def masked(q, k, v, whole):
 
 
 def offsets(batch, fmt, cp, rank):
-    cu_q, cu_k, scalars = torch.ops.cpkit.attention_offsets(
+    cu_q, cu_k, scalars, _ = torch.ops.cpkit.attention_offsets(
         batch.get("input_ids"), None, batch["labels"], None, batch.get("attention_mask"),
         batch.get("seq_lens"), batch.get("seq_lens_padded"), fmt, cp, rank, 1, 1, 0)
     assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32

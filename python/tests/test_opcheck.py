@@ -61,7 +61,26 @@ def test_shard(world1):
     opcheck_shard("")
 
 
-def test_cut_spliced():
+# Layout plans written out (python/csrc/layout_codec.hpp): [kind, cp, seq_len, padded_len,
+# local_len, fragments per rank, then (begin, end) pairs in rank order].
+CONTIGUOUS_7_CP3 = torch.tensor([0, 3, 7, 9, 3, 1, 1, 1, 0, 3, 3, 6, 6, 9])
+HEAD_TAIL_7_CP2 = torch.tensor([1, 2, 7, 8, 4, 2, 1, 0, 2, 6, 8, 2, 6])
+
+
+@pytest.mark.parametrize("plan, rank, local_len", [(CONTIGUOUS_7_CP3, 2, 3),
+                                                   (HEAD_TAIL_7_CP2, 0, 4)])
+def test_cut_spliced(plan, rank, local_len):
     spliced = torch.randn(2, 7, 3, requires_grad=True)
-    torch.library.opcheck(torch.ops.cpkit.cut_spliced, (spliced, 3, 2, 1, 0.0))
-    torch.library.opcheck(torch.ops.cpkit.cut_spliced_backward, (torch.randn(2, 3, 3), 7, 3, 2, 1))
+    torch.library.opcheck(torch.ops.cpkit.cut_spliced, (spliced, plan, rank, local_len, 0.0))
+    torch.library.opcheck(torch.ops.cpkit.cut_spliced_backward,
+                          (torch.randn(2, local_len, 3), plan, rank, 7))
+
+
+def test_restore_index_and_fragments_of_a_plan():
+    torch.library.opcheck(torch.ops.cpkit.restore_index, (HEAD_TAIL_7_CP2,))
+    # Rank 0 holds [0, 2) and [6, 8), rank 1 [2, 6): gathered = 0 1 6 7 2 3 4 5.
+    assert torch.ops.cpkit.restore_index(HEAD_TAIL_7_CP2).tolist() == [0, 1, 4, 5, 6, 7, 2, 3]
+    assert torch.ops.cpkit.layout_fragments(HEAD_TAIL_7_CP2, 0) == [7, 8, 4, 0, 2, 6, 8]
+    assert torch.ops.cpkit.shard_layout(7, 2, 0, 1, "head_tail") == [7, 8, 4, 0, 2, 6, 8]
+    with pytest.raises(ValueError, match="argument 'layout'.*rank 1 owns 3 tokens"):
+        torch.ops.cpkit.restore_index(torch.tensor([1, 2, 7, 8, 4, 2, 1, 0, 2, 6, 8, 2, 5]))

@@ -47,6 +47,11 @@ LayoutPlan plan_balanced(const std::vector<std::int64_t>& slot_lens, std::int64_
 // The global position of each of rank's local tokens, in local order.
 std::vector<std::int64_t> layout_positions(const LayoutPlan& plan, int rank);
 
+// For each global position g in [0, padded_len): its index in the rank-order concatenation
+// of every rank's local tokens (what gather_tokens returns), so that
+// gathered[restore_index[g]] is token g: restore_order's permutation.
+std::vector<std::int64_t> restore_index(const LayoutPlan& plan);
+
 // Causal attention work of each rank (spec 2b step 1's work summed over its tokens) for a
 // row whose attention documents have these lengths (covering [0, padded_len) in order); and
 // the same rounded up to whole tiles of `tile` queries by `tile` keys per fragment.
