@@ -1,14 +1,17 @@
 """A tiny causal LM trained with context parallelism on packed documents, then checked
 against the same model trained in one process on the unsharded batches.
 
-    torchrun --standalone --nproc_per_node=4 examples/python/train_tiny_lm.py --steps 30
+    torchrun --standalone --nproc_per_node=4 examples/python/train_tiny_lm.py --steps 30 \
+        [--layout contiguous|head_tail|balanced]
 
-Each rank holds a contiguous shard of every packed row (cpkit.prepare_packed_cp_inputs). The
-attention layer's keys and values come through cpkit.gather_tokens, together with the
-gathered positions, document ids and padding flags that give the exact document-causal mask
-(on a GPU, a varlen kernel driven by the shard's cu_seqlens offsets instead). The LM head's
-logits go to cpkit.shifted_cp_loss, whose CP / N scaling makes the average of the ranks'
-gradients (all-reduce / CP, as FSDP does) the single-device gradient. Rank 0 prints both
+Each rank holds its shard of every packed row (cpkit.prepare_packed_cp_inputs): a contiguous
+block, or under a load-balanced layout pieces of documents chosen so every rank does the same
+causal attention work. The attention layer's keys and values come through
+cpkit.gather_tokens (in rank order, whatever the layout), together with the gathered
+positions, document ids and padding flags that give the exact document-causal mask (on a GPU,
+a varlen kernel driven by the shard's offsets instead). The LM head's logits go to
+cpkit.shifted_cp_loss with the shard's layout, whose CP / N scaling makes the average of the
+ranks' gradients (all-reduce / CP, as FSDP does) the single-device gradient. Rank 0 prints both
 runs' losses step by step; every rank exits 1 if they differ.
 """
 
@@ -56,7 +59,7 @@ class TinyLM(torch.nn.Module):
                    & (pos_k[None, :] <= pos_q[:, None]) & ~pad_k[None, :])
         # Queries with no key (slot padding of empty documents, the row tail) attend to
         # themselves: SDPA would give NaN, and their outputs only reach ignored labels.
-        own = torch.arange(len(ids)) + shard["begin"]
+        own = torch.arange(len(ids)) + shard["first_key"]
         allowed[torch.arange(len(ids)), own] |= ~allowed.any(1)
         heads = lambda t: t.view(t.shape[0], HEADS, -1).transpose(0, 1)  # noqa: E731
         attended = F.scaled_dot_product_attention(heads(q), heads(k_all), heads(v_all),
@@ -67,11 +70,12 @@ class TinyLM(torch.nn.Module):
 
     def varlen(self, q, k_all, v_all, shard) -> torch.Tensor:
         """The same attention from cpkit's varlen offsets (docs/optimized.md): the shard's
-        queries as they are, keys [k_begin, k_end) of the gathered ones, causal bottom-right.
+        queries as they are, keys [k_begin, k_end) of the gathered ones (the rows k_index
+        picks under other layouts), causal bottom-right.
         Padding queries' outputs differ from the mask's (unspecified) and reach only ignored
         labels. Runs where torch's varlen kernel does (CUDA, half precision); not run on the
         CPU machine this example is tested on."""
-        used = slice(shard["k_begin"], shard["k_end"])
+        used = shard.get("k_index", slice(shard["k_begin"], shard["k_end"]))
         split = lambda t: t.reshape(t.shape[0], HEADS, -1).to(torch.bfloat16)  # noqa: E731
         out = varlen_attn(split(q), split(k_all[used]), split(v_all[used]), shard["cu_seqlens_q"],
                           shard["cu_seqlens_k"], shard["max_seqlen_q"], shard["max_seqlen_k"],
@@ -102,11 +106,13 @@ def packed_batch(step: int) -> dict:
             "qkv_format": "thd"}
 
 
-def cp_step(model: TinyLM, batch: dict, mesh, cp: int) -> float:
-    sharder = cpkit.prepare_packed_cp_inputs(batch, 1, mesh=mesh)
-    shard = {**sharder.local(0), "begin": sharder.layout(0)["begin"]}
+def cp_step(model: TinyLM, batch: dict, mesh, cp: int, layout: str) -> float:
+    sharder = cpkit.prepare_packed_cp_inputs(batch, 1, mesh=mesh, layout=layout)
+    shard = sharder.local(0)
+    shard["first_key"] = sharder.rank * shard["labels"].shape[1]  # own tokens in the gather
     logits = model(shard["input_ids"].flatten(), shard, mesh)
-    loss = cpkit.shifted_cp_loss(logits, shard["labels"], shard["valid"], mesh)
+    loss = cpkit.shifted_cp_loss(logits, shard["labels"], shard["valid"], mesh,
+                                 layout=shard["layout"])
     loss.backward()
     for p in model.parameters():  # the gradient average FSDP / DDP does over the CP group
         dist.all_reduce(p.grad)
@@ -118,7 +124,7 @@ def cp_step(model: TinyLM, batch: dict, mesh, cp: int) -> float:
 
 def single_process_step(model: TinyLM, batch: dict) -> float:
     """The same model on the unsharded row, plain PyTorch loss (HF-shifted, mean)."""
-    whole = {**cpkit.prepare_packed_cp_inputs(batch, 1).local(0), "begin": 0}
+    whole = {**cpkit.prepare_packed_cp_inputs(batch, 1).local(0), "first_key": 0}
     logits = model(whole["input_ids"].flatten(), whole, None)[0]
     labels = torch.where(whole["valid"], whole["labels"].flatten(), -100)
     loss = F.cross_entropy(logits[:-1], labels[1:], ignore_index=-100)
@@ -130,6 +136,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--lr", type=float, default=0.5)
+    parser.add_argument("--layout", default="contiguous",
+                        choices=("contiguous", "head_tail", "balanced"))
     args = parser.parse_args()
     dist.init_process_group("gloo")
     cp, rank = dist.get_world_size(), dist.get_rank()
@@ -144,14 +152,14 @@ def main() -> None:
         batch = packed_batch(step)
         for optimizer in optimizers:
             optimizer.zero_grad()
-        cp_loss = cp_step(sharded, batch, mesh, cp)
+        cp_loss = cp_step(sharded, batch, mesh, cp, args.layout)
         one_loss = single_process_step(reference, batch)
         for optimizer in optimizers:
             optimizer.step()
         worst = max(worst, abs(cp_loss - one_loss) / max(1.0, abs(one_loss)))
         if rank == 0:
-            print(f"step {step:2d}: CP={cp} loss {cp_loss:.6f}   one process {one_loss:.6f}",
-                  flush=True)
+            print(f"step {step:2d}: CP={cp} ({args.layout}) loss {cp_loss:.6f}   one process "
+                  f"{one_loss:.6f}", flush=True)
     weights = max(float((a - b).abs().max()) for a, b in
                   zip(sharded.parameters(), reference.parameters()))
     ok = worst <= 1e-5 and weights <= 1e-5  # FP32; NaN fails
