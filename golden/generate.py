@@ -30,11 +30,66 @@ OFFSETS = pathlib.Path(__file__).resolve().parent / "offsets"
 LINEAR = pathlib.Path(__file__).resolve().parent / "linear"
 
 
-def padded_length(n, cp, pad_multiple):
+def padded_length(n, cp, pad_multiple, layout="contiguous"):
     if cp == 1:  # CP = 1 is the identity on layout
         return n
-    m = cp * pad_multiple
+    m = cp * pad_multiple * (2 if layout == "head_tail" else 1)
     return (n + m - 1) // m * m
+
+
+def layout_positions(layout, s_pad, cp, slots=None):
+    """Each rank's global positions, in local order (docs/spec.md section 2b, restated)."""
+    L = s_pad // cp
+    if cp == 1 or layout == "contiguous":
+        return [list(range(r * L, (r + 1) * L)) for r in range(cp)]
+    if layout == "head_tail":
+        C = s_pad // (2 * cp)
+        return [list(range(r * C, (r + 1) * C)) + list(range((2 * cp - 1 - r) * C, (2 * cp - r) * C))
+                for r in range(cp)]
+    assert layout == "balanced"
+    # 1. Attention documents: slots of nonzero length, then the row tail.
+    docs, start = [], 0
+    for n in slots:
+        if n > 0:
+            docs.append((start, n))
+        start += n
+    if start < s_pad:
+        docs.append((start, s_pad - start))
+    owned = [[] for _ in range(cp)]
+    work = [0] * cp
+
+    def give(rank, doc_start, first, count):  # tokens [first, first + count) of a document
+        owned[rank].extend(range(doc_start + first, doc_start + first + count))
+        work[rank] += sum(offset + 1 for offset in range(first, first + count))
+
+    # 2. Long documents, head-tail in 2 CP chunks, extra tokens by (tokens so far, rank).
+    long = [d for d in docs if d[1] >= 2 * cp * 64]
+    for doc_start, n in long:
+        q, e = divmod(n, 2 * cp)
+        order = sorted(range(cp), key=lambda r: (len(owned[r]), r))
+        extra_first, extra_second = [0] * cp, [0] * cp
+        for k in range(e):
+            (extra_first if k < cp else extra_second)[order[k % cp]] += 1
+        first = 0
+        for j in range(2 * cp):
+            rank = j if j < cp else 2 * cp - 1 - j
+            size = q + (extra_first[rank] if j < cp else extra_second[rank])
+            give(rank, doc_start, first, size)
+            first += size
+    # 3. Short documents, longest first, whole to the least-worked rank with room; else cut.
+    short = sorted((d for d in docs if d[1] < 2 * cp * 64), key=lambda d: -d[1])
+    for doc_start, n in short:
+        fits = [r for r in range(cp) if L - len(owned[r]) >= n]
+        if fits:
+            give(min(fits, key=lambda r: (work[r], r)), doc_start, 0, n)
+            continue
+        first = 0
+        while first < n:
+            rank = max(range(cp), key=lambda r: (L - len(owned[r]), -r))
+            take = min(L - len(owned[rank]), n - first)
+            give(rank, doc_start, first, take)
+            first += take
+    return [sorted(p) for p in owned]
 
 
 def bshd_streams(ids, labels, positions, mask, s_pad, pad_id):
@@ -99,7 +154,8 @@ def truth(logits, labels, softcap):
 
 
 def layout_case(fmt, cp, rows, S, vocab, g, num_chunks=1, pad_multiple=1, pad_id=0, docs=None,
-                mask_zeros=(), ignore=(), positions_offset=None, positions=None):
+                mask_zeros=(), ignore=(), positions_offset=None, positions=None,
+                layout="contiguous"):
     """Inputs of a random batch and the global streams of each microbatch (plain Python)."""
     ids = torch.randint(1, vocab, (rows, S), generator=g).tolist()
     labels = torch.randint(0, vocab, (rows, S), generator=g).tolist()
@@ -126,7 +182,7 @@ def layout_case(fmt, cp, rows, S, vocab, g, num_chunks=1, pad_multiple=1, pad_id
         slots = [[l + e for l, e in d] + [SENTINEL] * (width - len(d)) for d in docs]
         inputs["seq_lens"] = lens
         inputs["seq_lens_padded"] = slots
-    s_pad = padded_length(S, cp, pad_multiple)
+    s_pad = padded_length(S, cp, pad_multiple, layout)
     per_mb = rows // num_chunks if fmt == "bshd" else 1
     microbatches = []
     for m in range(num_chunks):
@@ -143,11 +199,11 @@ def layout_case(fmt, cp, rows, S, vocab, g, num_chunks=1, pad_multiple=1, pad_id
     return inputs, s_pad, microbatches
 
 
-def rank_loss(ce, hf_labels, begin, end, S, cp, count):
-    """loss_r: the CE of rank r's counted targets (positions [begin, end)) times CP / N."""
+def rank_loss(ce, hf_labels, owned, S, cp, count):
+    """loss_r: the CE of rank r's counted targets (its global positions) times CP / N."""
     local_sum = 0.0
     for bi in range(hf_labels.shape[0]):
-        for j in range(begin, end):
+        for j in owned:
             if j + 1 < S and hf_labels[bi, j + 1] != IGNORE:
                 local_sum += float(ce[bi, j])
     return local_sum * cp / count if count else 0.0
@@ -159,28 +215,35 @@ def rounded(t):
 
 def make_case(name, fmt, cp, rows, S, vocab, seed, num_chunks=1, pad_multiple=1, pad_id=0,
               docs=None, mask_zeros=(), ignore=(), positions_offset=None, positions=None,
-              softcap=0.0, logit_scale=3.0):
+              softcap=0.0, logit_scale=3.0, layout_kind="contiguous"):
     g = torch.Generator().manual_seed(seed)
     inputs, s_pad, layout = layout_case(fmt, cp, rows, S, vocab, g, num_chunks, pad_multiple, pad_id,
-                                        docs, mask_zeros, ignore, positions_offset, positions)
+                                        docs, mask_zeros, ignore, positions_offset, positions,
+                                        layout_kind)
     L = s_pad // cp
     microbatches = []
     logits_all = torch.randn(rows, s_pad, vocab, generator=g) * logit_scale
     for row_ids, streams, hf_labels in layout:
         logits = logits_all[row_ids]
         mean, grad, ce, count = truth(logits[:, :S, :], hf_labels, softcap)
+        slots = [x for x in inputs["seq_lens_padded"][row_ids[0]] if x != SENTINEL] \
+            if fmt == "thd" else None
         ranks = []
-        for r in range(cp):
-            begin, end = r * L, (r + 1) * L
+        for r, owned in enumerate(layout_positions(layout_kind, s_pad, cp, slots)):
             g_local = torch.zeros(len(row_ids), L, vocab)
-            lo, hi = begin, min(end, S)
-            if hi > lo:
-                g_local[:, : hi - lo, :] = grad[:, lo:hi, :] * cp
-            entry = {"rank": r, "begin": begin, "end": end,
-                     "loss": rank_loss(ce, hf_labels, begin, end, S, cp, count),
-                     "grad": [[[round(float(v), 9) for v in tok] for tok in row] for row in g_local.tolist()]}
+            for j, t in enumerate(owned):
+                if t < S:
+                    g_local[:, j, :] = grad[:, t, :] * cp
+            entry = {"rank": r}
+            if layout_kind == "contiguous":  # the files of the contiguous cases stay as they were
+                entry.update(begin=owned[0], end=owned[-1] + 1)
+            else:
+                entry["positions"] = owned
+            entry.update(loss=rank_loss(ce, hf_labels, owned, S, cp, count),
+                         grad=[[[round(float(v), 9) for v in tok] for tok in row]
+                               for row in g_local.tolist()])
             for key in ("input_ids", "labels", "position_ids", "document_ids", "padding", "valid"):
-                entry[key] = [st[key][begin:end] for st in streams]
+                entry[key] = [[st[key][t] for t in owned] for st in streams]
             ranks.append(entry)
         microbatches.append({
             "rows": row_ids, "padded_len": s_pad, "single_device_loss": mean, "targets": count,
@@ -188,7 +251,7 @@ def make_case(name, fmt, cp, rows, S, vocab, seed, num_chunks=1, pad_multiple=1,
             "ranks": ranks})
     case = {"name": name, "format": fmt, "cp": cp, "num_chunks": num_chunks,
             "pad_multiple": pad_multiple, "pad_token_id": pad_id, "vocab": vocab,
-            "softcap": softcap,
+            "softcap": softcap, **({"layout": layout_kind} if layout_kind != "contiguous" else {}),
             "oracle": "torch.nn.functional.cross_entropy" + (" + transformers ForCausalLMLoss" if ForCausalLMLoss else ""),
             "inputs": inputs, "microbatches": microbatches}
     (OUT / f"{name}.json").write_text(json.dumps(case, indent=1) + "\n")
@@ -329,6 +392,17 @@ def main():
     make_case("bshd_cp3_restarting_positions", "bshd", cp=3, rows=2, S=8, vocab=5, seed=18,
               positions=[[5, 6, 7, 0, 1, 2, 3, 4], [0, 1, 4, 5, 6, 0, 9, 10]],
               mask_zeros=[(1, 0)])
+    # Load-balanced layouts (docs/spec.md section 2b): head-tail on BSHD and THD; balanced
+    # packed rows with a long document cut head-tail (extra tokens) and short ones placed
+    # greedily, one cut where no rank has room.
+    make_case("bshd_cp2_head_tail", "bshd", cp=2, rows=2, S=7, vocab=5, seed=19,
+              layout_kind="head_tail", ignore=[(1, 4)])
+    make_case("thd_cp3_head_tail", "thd", cp=3, rows=1, S=10, vocab=6, seed=20,
+              layout_kind="head_tail", docs=[[(3, 1), (0, 1), (4, 0)]])
+    make_case("thd_cp2_balanced_long_doc", "thd", cp=2, rows=1, S=301, vocab=4, seed=21,
+              layout_kind="balanced", docs=[[(9, 1), (261, 2), (0, 1), (17, 0), (5, 1)]])
+    make_case("thd_cp3_balanced_short_docs", "thd", cp=3, rows=1, S=31, vocab=5, seed=22,
+              layout_kind="balanced", docs=[[(7, 0), (2, 1), (11, 0), (5, 0), (4, 0)]])
     # Varlen attention offsets (hand-checkable; docs/spec.md section 4a).
     OFFSETS.mkdir(exist_ok=True)
     make_offsets_case("thd_cp3_three_docs", "thd", cp=3, S=10, lens=[[3, 0, 4]], slots=[[4, 1, 4]])

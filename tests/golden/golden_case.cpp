@@ -34,6 +34,7 @@ GoldenCase load_golden_case(const std::string& name) {
   c.pad_multiple = j.at("pad_multiple");
   c.pad_token_id = j.at("pad_token_id");
   c.softcap = j.at("softcap");
+  c.layout = j.value("layout", "contiguous");
   c.vocab = j.at("vocab");
   c.inputs = j.at("inputs");
   for (const Json& m : j.at("microbatches")) {
@@ -46,8 +47,12 @@ GoldenCase load_golden_case(const std::string& name) {
     for (const Json& r : m.at("ranks")) {
       ExpectedRank e;
       e.rank = r.at("rank");
-      e.begin = r.at("begin");
-      e.end = r.at("end");
+      if (r.contains("positions")) {
+        e.positions = r.at("positions").get<std::vector<std::int64_t>>();
+      } else {
+        for (std::int64_t t = r.at("begin"); t < r.at("end").get<std::int64_t>(); ++t)
+          e.positions.push_back(t);
+      }
       e.input_ids = r.at("input_ids").get<std::vector<std::vector<std::int64_t>>>();
       e.labels = r.at("labels").get<std::vector<std::vector<std::int64_t>>>();
       e.position_ids = r.at("position_ids").get<std::vector<std::vector<std::int64_t>>>();

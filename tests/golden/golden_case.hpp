@@ -12,7 +12,9 @@ using Json = nlohmann::json;
 
 struct ExpectedRank {
   int rank = 0;
-  std::int64_t begin = 0, end = 0;
+  // The global position of each local token: the file's "positions" (layouts other than
+  // contiguous) or [begin, end).
+  std::vector<std::int64_t> positions;
   // [rows][L] streams
   std::vector<std::vector<std::int64_t>> input_ids, labels, position_ids, document_ids;
   std::vector<std::vector<bool>> padding, valid;
@@ -33,8 +35,9 @@ struct GoldenCase {
   std::string name, format;
   int cp = 1, num_chunks = 1, pad_multiple = 1, vocab = 2;
   std::int64_t pad_token_id = 0;
-  double softcap = 0;  // > 0: the loss caps the logits first
-  Json inputs;         // input_ids, labels, optional position_ids / attention_mask / seq_lens...
+  double softcap = 0;                 // > 0: the loss caps the logits first
+  std::string layout = "contiguous";  // docs/spec.md section 2b
+  Json inputs;  // input_ids, labels, optional position_ids / attention_mask / seq_lens...
   std::vector<ExpectedMicrobatch> microbatches;
 };
 

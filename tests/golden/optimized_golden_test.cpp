@@ -51,7 +51,7 @@ CPBatch batch_of(const GoldenCase& c) {
 }
 
 Sharder prepare(const GoldenCase& c, const MeshPtr& mesh) {
-  const PadOptions pad{c.pad_multiple, c.pad_token_id};
+  const PadOptions pad{c.pad_multiple, c.pad_token_id, layout_kind(c.layout)};
   if (mesh) {
     return c.format == "thd" ? prepare_packed_cp_inputs(batch_of(c), mesh, c.num_chunks, true, pad)
                              : prepare_cp_inputs(batch_of(c), mesh, c.num_chunks, true, pad);
@@ -70,6 +70,7 @@ TEST_P(OptimizedGolden, ShardsMatchTheOracle) {
     for (const ExpectedRank& e : c.microbatches[m].ranks) {
       const std::string at = "microbatch " + std::to_string(m) + " rank " + std::to_string(e.rank);
       const LocalShard l = s.local(m, e.rank);
+      EXPECT_EQ(layout_positions(*l.layout.plan, e.rank), e.positions) << at;
       expect_rows(l.input_ids, e.input_ids, "input_ids " + at);
       expect_rows(l.labels, e.labels, "labels " + at);
       expect_rows(l.position_ids, e.position_ids, "positions " + at);
@@ -88,18 +89,17 @@ TEST_P(OptimizedGolden, LossMatchesTheOracleOnRealRanks) {
     for (int m = 0; m < s.num_microbatches(); ++m) {
       const LocalShard l = s.local(m);
       const auto& mb = c.microbatches[m];
-      std::vector<float> flat;
+      const ExpectedRank& e = mb.ranks[rank];
+      std::vector<float> flat;  // the oracle's logits at the oracle's positions of this rank
       for (const auto& row : mb.logits)
-        for (std::int64_t j = l.layout.fragments.front().begin; j < l.layout.fragments.back().end;
-             ++j)
+        for (const std::int64_t j : e.positions)
           flat.insert(flat.end(), row[j].begin(), row[j].end());
       const at::Tensor logits = at::tensor(flat)
                                     .view({l.labels.size(0), l.layout.local_len, c.vocab})
                                     .requires_grad_(true);
-      const at::Tensor loss =
-          shifted_cp_loss(logits, l.labels, l.valid, mesh, {.softcap = c.softcap});
+      const at::Tensor loss = shifted_cp_loss(logits, l.labels, l.valid, mesh,
+                                              {.softcap = c.softcap, .layout = l.layout.plan});
       loss.backward();
-      const ExpectedRank& e = mb.ranks[rank];
       if (!harness::is_close(loss.item<double>(), e.loss, kGoldenLossRtol, kGoldenLossRtol))
         out << "microbatch " << m << ": loss " << loss.item<double>() << " vs " << e.loss << "\n";
       const at::Tensor grad = logits.grad();
@@ -195,9 +195,7 @@ TEST_P(OptimizedLinearGolden, MatchesTheOracleOnRealRanks) {
       const LinearMicrobatch& mb = c.microbatches[m];
       Floats2 mine;
       for (const auto& row : mb.hidden)
-        for (std::int64_t j = l.layout.fragments.front().begin; j < l.layout.fragments.back().end;
-             ++j)
-          mine.push_back(row[j]);
+        for (const std::int64_t j : layout_positions(*l.layout.plan, rank)) mine.push_back(row[j]);
       const LinearRank& e = mb.ranks[rank];
       for (const int64_t chunk : {0, 1, 3}) {
         const at::Tensor hidden =

@@ -2,6 +2,8 @@
 // within FP32 tolerance of the PyTorch oracle.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "closeness.hpp"
 #include "cpkit/reference/reference.hpp"
 #include "golden_case.hpp"
@@ -30,7 +32,8 @@ void expect_rows(const M& actual, const V& expected, const std::string& what) {
 }
 
 ref::Sharder prepare(const GoldenCase& c) {
-  const ref::ShardOptions options{c.cp, c.num_chunks, c.pad_multiple, c.pad_token_id, true};
+  const ref::ShardOptions options{c.cp,           c.num_chunks, c.pad_multiple,
+                                  c.pad_token_id, true,         c.layout};
   if (c.format == "thd") {
     ref::PackedBatch b;
     b.input_ids = ints(c.inputs.at("input_ids"));
@@ -61,7 +64,7 @@ TEST_P(ReferenceGolden, ReproducesTheOracle) {
     for (const ExpectedRank& e : mb.ranks) {
       const std::string at = "microbatch " + std::to_string(m) + " rank " + std::to_string(e.rank);
       const ref::LocalShard l = s.local(m, e.rank);
-      EXPECT_EQ(l.layout.begin, e.begin) << at;
+      EXPECT_EQ(l.layout.positions, e.positions) << at;
       expect_rows(*l.input_ids, e.input_ids, "input_ids " + at);
       expect_rows(l.labels, e.labels, "labels " + at);
       expect_rows(l.position_ids, e.position_ids, "positions " + at);
@@ -75,12 +78,15 @@ TEST_P(ReferenceGolden, ReproducesTheOracle) {
       for (Eigen::Index b = 0; b < rows; ++b)
         for (Eigen::Index j = 0; j < l.layout.local_len; ++j)
           for (int v = 0; v < c.vocab; ++v)
-            mine(b * l.layout.local_len + j, v) = mb.logits[b][e.begin + j][v];
+            mine(b * l.layout.local_len + j, v) =
+                mb.logits[b][e.positions[static_cast<std::size_t>(j)]][v];
       logits.push_back(mine);
       labels.push_back(l.labels);
       valid.push_back(l.valid);
     }
-    const auto losses = ref::shifted_cp_loss(logits, labels, valid, {c.softcap});
+    const ref::LayoutPositions owned =
+        c.layout == "contiguous" ? ref::LayoutPositions{} : s.global(m).owned;
+    const auto losses = ref::shifted_cp_loss(logits, labels, valid, {c.softcap, owned});
     double mean = 0;
     for (const ExpectedRank& e : mb.ranks) {
       const auto& got = losses[e.rank];
@@ -100,18 +106,22 @@ TEST_P(ReferenceGolden, ReproducesTheOracle) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, ReferenceGolden, ::testing::ValuesIn(golden_case_names()));
 
-TEST(GoldenCases, AtLeastTwelveCoverBothFormatsAndCpOneToEight) {
+TEST(GoldenCases, AtLeastTwelveCoverBothFormatsCpOneToEightAndEveryLayout) {
   const auto names = golden_case_names();
   ASSERT_GE(names.size(), 12u);
   bool bshd = false, thd = false, cp1 = false, cp8 = false;
+  std::set<std::string> layouts;
   for (const auto& n : names) {
     const GoldenCase c = load_golden_case(n);
     bshd |= c.format == "bshd";
     thd |= c.format == "thd";
     cp1 |= c.cp == 1;
     cp8 |= c.cp == 8;
+    layouts.insert(c.format + " " + c.layout);
   }
   EXPECT_TRUE(bshd && thd && cp1 && cp8);
+  for (const char* kind : {"bshd head_tail", "thd head_tail", "thd balanced"})
+    EXPECT_TRUE(layouts.count(kind)) << kind;
 }
 
 // golden/offsets: hand-checkable varlen attention offsets (docs/spec.md section 4a).
@@ -181,7 +191,7 @@ TEST_P(ReferenceLinearGolden, ReproducesTheOracle) {
       const ref::LocalShard l = s.local(m, e.rank);
       Floats2 mine;
       for (const auto& row : mb.hidden)
-        for (Eigen::Index j = l.layout.begin; j < l.layout.end; ++j) mine.push_back(row[j]);
+        for (const std::int64_t j : l.layout.positions) mine.push_back(row[j]);
       hidden.push_back(matrix(mine));
       labels.push_back(l.labels);
       valid.push_back(l.valid);
