@@ -10,8 +10,15 @@
 2. CE forward + backward at T 1024, V 131072 float32 on the same CPU tensors: cpkit against
    torch.compile(F.cross_entropy) (inductor), each with an untimed first step; cpkit with its
    host buffer cache on (default) and off (CPKIT_HOST_CACHE_BYTES=0, a second process).
+4. Does the work model predict time? Per layout (contiguous, head_tail, balanced) at CP 4,
+   each rank's attention from its own offsets, one rank at a time on this CPU: the keys its
+   varlen call reads (k_index or [k_begin, k_end) of the rank-order gathered keys), then per
+   segment the fully visible keys and the causal square as two SDPA flash calls merged by
+   their log-sum-exp (exactly bottom-right causal attention). Max over mean of the per-rank
+   seconds next to max over mean of the attended pairs, on one document and a packed row.
 
 Usage: <torch venv>/bin/python bench/python_bench.py BUILD_DIR [--out results.json]
+       (--only-layout-time: section 4 alone, no BUILD_DIR needed)
 """
 
 from __future__ import annotations
@@ -94,12 +101,93 @@ def imbalance() -> list:
         for cp in (2, 4, 8):
             pairs = []
             for rank in range(cp):
-                cu_q, cu_k, _ = torch.ops.cpkit.attention_offsets(
+                cu_q, cu_k, _, _ = torch.ops.cpkit.attention_offsets(
                     labels, None, labels, None, None, torch.tensor([lens]), torch.tensor([slots]),
                     "thd", cp, rank, 1, 1, 0)
                 pairs.append(attended_pairs(cu_q, cu_k))
             out.append({"row": name, "cp": cp, "pairs_per_rank": pairs,
                         "max_over_mean": max(pairs) / (sum(pairs) / cp)})
+    return out
+
+
+def segment_attention(q, k, v, cu_q, cu_k):
+    """Varlen causal attention, bottom-right aligned, of [tokens, H, D] tensors: per segment
+    the keys before its queries (all visible) and the square of its own (causal), merged."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out = torch.empty_like(q)
+    bounds = zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), cu_k[:-1].tolist(), cu_k[1:].tolist())
+    for q0, q1, k0, k1 in bounds:
+        m, n = q1 - q0, k1 - k0
+        if m == 0:
+            continue
+        heads = lambda t: t.transpose(0, 1).unsqueeze(0)  # noqa: E731  [1, H, tokens, D]
+        qs = heads(q[q0:q1])
+        o_sq, l_sq = flash(qs, heads(k[k1 - m:k1]), heads(v[k1 - m:k1]), 0.0, True)
+        if n > m:
+            o_r, l_r = flash(qs, heads(k[k0:k1 - m]), heads(v[k0:k1 - m]), 0.0, False)
+            lse = torch.logaddexp(l_sq, l_r)
+            o_sq = o_sq * (l_sq - lse).exp().unsqueeze(-1) + o_r * (l_r - lse).exp().unsqueeze(-1)
+        out[q0:q1] = o_sq[0].transpose(0, 1)
+    return out
+
+
+def lognormal_slots(T: int, median: int, seed: int) -> list:
+    g = torch.Generator().manual_seed(seed)
+    slots, used = [], 0
+    while used < T:
+        n = int(math.exp(math.log(median) + 1.2 * float(torch.randn(1, generator=g))))
+        n = max(1, min(n, T - used))
+        slots.append(n)
+        used += n
+    return slots
+
+
+def layout_time(heads: int = 2, dim: int = 64, cp: int = 4) -> list:
+    rows = {"one document (T 8192)": [8192],
+            "packed lognormal row (T 16384, median 512)": lognormal_slots(16384, 512, seed=3)}
+    out = []
+    for name, slots in rows.items():
+        T = sum(slots)
+        batch = {"input_ids": torch.zeros(1, T, dtype=torch.long),
+                 "labels": torch.zeros(1, T, dtype=torch.long), "qkv_format": "thd",
+                 "seq_lens": torch.tensor([slots]), "seq_lens_padded": torch.tensor([slots])}
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(T, heads, dim, generator=g) for _ in range(3))
+        for kind in ("contiguous", "head_tail", "balanced"):
+            positions = [torch.tensor(p) for p in rank_positions(kind, slots, cp)]
+            padded = sum(len(p) for p in positions)
+            qp, kp, vp = (torch.cat([t, t.new_zeros(padded - T, heads, dim)]) for t in (q, k, v))
+            gathered_k, gathered_v = kp[torch.cat(positions)], vp[torch.cat(positions)]
+            seconds, pairs = [], []
+            for rank in range(cp):
+                cu_q, cu_k, scalars, k_index = torch.ops.cpkit.attention_offsets(
+                    batch["input_ids"], None, batch["labels"], None, None, batch["seq_lens"],
+                    batch["seq_lens_padded"], "thd", cp, rank, 1, 1, 0, kind)
+                k_begin, k_end = scalars.tolist()[2:]
+                local_q = qp[positions[rank]]
+
+                def step():
+                    if kind == "contiguous":
+                        keys, values = gathered_k[k_begin:k_end], gathered_v[k_begin:k_end]
+                    else:
+                        keys, values = gathered_k[k_index], gathered_v[k_index]
+                    return segment_attention(local_q, keys, values, cu_q, cu_k)
+
+                seconds.append(timed(step, 5))
+                pairs.append(attended_pairs(cu_q, cu_k))
+            out.append({"row": name, "cp": cp, "layout": kind, "seconds_per_rank": seconds,
+                        "pairs_per_rank": pairs,
+                        "time_max_over_mean": max(seconds) / (sum(seconds) / cp),
+                        "work_max_over_mean": max(pairs) / (sum(pairs) / cp)})
+    return out
+
+
+def rank_positions(kind: str, slots: list, cp: int) -> list:
+    """Each rank's global positions in a packed row of these slots (the library's plan)."""
+    out = []
+    for rank in range(cp):
+        values = torch.ops.cpkit.shard_layout(sum(slots), cp, rank, 1, kind, slots)
+        out.append([t for b, e in zip(values[3::2], values[4::2]) for t in range(b, e)])
     return out
 
 
@@ -132,16 +220,26 @@ def compiled_ce(T: int, V: int, repeats: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("build", type=pathlib.Path)
+    parser.add_argument("build", type=pathlib.Path, nargs="?")
     parser.add_argument("--out", type=pathlib.Path)
     parser.add_argument("--only-cpkit-ce", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--only-layout-time", action="store_true")
     args = parser.parse_args()
+    if args.only_layout_time:
+        text = json.dumps({"threads": torch.get_num_threads(), "layout_time": layout_time()},
+                          indent=1)
+        print(text)
+        if args.out:
+            args.out.write_text(text + "\n")
+        return
+    if args.build is None:
+        parser.error("BUILD_DIR is required (cpkit-bench's build tree)")
     T, V, repeats = 1024, 131072, 7
     if args.only_cpkit_ce:  # the cache-off child process
         print(json.dumps({"seconds": cpkit_ce(T, V, repeats)}))
         return
     results = {"threads": torch.get_num_threads(), "call": call_overhead(args.build),
-               "imbalance": imbalance()}
+               "imbalance": imbalance(), "layout_time": layout_time()}
     child = subprocess.run(
         [sys.executable, __file__, str(args.build), "--only-cpkit-ce"],
         env={**os.environ, "CPKIT_HOST_CACHE_BYTES": "0"}, capture_output=True, text=True,

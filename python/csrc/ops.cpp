@@ -205,12 +205,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_offsets_op(
   });
 }
 
-// layout_summary of rank's shard of seq_len tokens; for "balanced" (which needs the
-// documents) the three lengths alone: what the fake kernels need.
+// layout_summary of rank's shard of seq_len tokens; "balanced" plans from a packed row's
+// slot lengths, and without them gives the three lengths alone (what the fake kernels need).
 std::vector<int64_t> shard_layout_op(int64_t seq_len, int64_t cp_size, int64_t rank,
-                                     int64_t pad_multiple, const std::string& layout) {
+                                     int64_t pad_multiple, const std::string& layout,
+                                     const std::optional<std::vector<int64_t>>& slot_lens) {
   return checked([&] {
     const LayoutKind kind = layout_kind(layout);
+    if (kind == LayoutKind::kBalanced && slot_lens.has_value()) {
+      const LayoutPlan plan = plan_balanced(*slot_lens, seq_len, static_cast<int>(cp_size),
+                                            static_cast<int>(pad_multiple));
+      return layout_summary(plan, static_cast<int>(rank));
+    }
     if (kind == LayoutKind::kBalanced) {
       if (rank < 0 || rank >= cp_size) raise("rank", "must be in [0, ", cp_size, "), got ", rank);
       const int64_t padded = layout_padded_length(kind, seq_len, static_cast<int>(cp_size),
@@ -298,7 +304,7 @@ TORCH_LIBRARY(cpkit, m) {
   // shapes the fake kernels report come from the library's own rule.
   m.def(
       "shard_layout(int seq_len, int cp_size, int rank, int pad_multiple, "
-      "str layout=\"contiguous\") -> int[]",
+      "str layout=\"contiguous\", int[]? slot_lens=None) -> int[]",
       &shard_layout_op);
   // The same summary of a shard's layout plan; and restore_order's permutation of it.
   m.def("layout_fragments(Tensor layout, int rank) -> int[]", &layout_fragments_op);
