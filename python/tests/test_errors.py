@@ -101,3 +101,17 @@ def test_group_name_of_no_live_group():
     # The raw op raises ValueError (cpkit's Python functions turn it into CPError).
     with pytest.raises(ValueError, match="argument 'group_name'.*no live process group"):
         torch.ops.cpkit.gather_tokens(torch.zeros(2, 2), "no-such-group")
+
+
+def test_layouts_that_do_not_apply_or_do_not_match():
+    bshd = {"input_ids": torch.ones(1, 8, dtype=torch.long),
+            "labels": torch.ones(1, 8, dtype=torch.long)}
+    with pytest.raises(cpkit.CPError, match="argument 'layout'.*\"balanced\" plans packed"):
+        cpkit.prepare_cp_inputs(bshd, layout="balanced")
+    with pytest.raises(cpkit.CPError, match="argument 'layout'.*got \"zigzag\""):
+        cpkit.prepare_packed_cp_inputs(_packed(), 1, layout="zigzag")
+    # A plan that is not the shard's: the loss names it.
+    with pytest.raises(cpkit.CPError, match="argument 'layout'.*not a cpkit layout"):
+        cpkit.shifted_cp_loss(*_loss_inputs(), layout=torch.tensor([7, 1, 2, 2, 2, 1, 0, 2]))
+    with pytest.raises(cpkit.CPError, match="argument 'layout'.*not a cpkit layout"):
+        cpkit.shifted_cp_loss(*_loss_inputs(), layout=torch.ones(3))
