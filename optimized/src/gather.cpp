@@ -46,45 +46,62 @@ void check_shapes_agree(const at::Tensor& value, const MeshPtr& mesh) {
                           "every CP rank must gather the same shape and dtype");
 }
 
-at::Tensor all_gather_rows(const at::Tensor& value, Communicator& comm) {
+// `dim` of a tensor with `ndim` dimensions (negative counts from the end).
+int64_t checked_dim(int64_t dim, int64_t ndim, const char* argument) {
+  if (dim < -ndim || dim >= ndim)
+    raise("dim", "is ", dim, " but ", argument, " has ", ndim, " dimensions (valid: [", -ndim, ", ",
+          ndim, "))");
+  return dim < 0 ? dim + ndim : dim;
+}
+
+// Every rank's contiguous block in rank order ([CP, ...], no copy of a contiguous input),
+// then rank-major along `dim`: a view for dim 0, one copy otherwise.
+at::Tensor all_gather_along(const at::Tensor& value, int64_t dim, Communicator& comm) {
   const at::Tensor in = value.contiguous();
-  std::vector<int64_t> sizes = in.sizes().vec();
-  sizes[0] *= comm.size();
-  at::Tensor out = detail::empty_reusable(sizes, in.options());
+  std::vector<int64_t> blocks = in.sizes().vec();
+  blocks.insert(blocks.begin(), comm.size());
+  at::Tensor out = detail::empty_reusable(blocks, in.options());
   comm.all_gather(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(in.numel()),
                   detail::scalar_kind(in, "value"));
-  return out;
+  return out.movedim(0, dim).flatten(dim, dim + 1);
 }
 
 class GatherTokens : public torch::autograd::Function<GatherTokens> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& value,
-                            const MeshPtr& mesh) {
+                            const MeshPtr& mesh, int64_t dim) {
     ctx->saved_data["mesh"] = detail::mesh_capsule(mesh);
-    return all_gather_rows(value, *mesh);
+    ctx->saved_data["dim"] = dim;
+    return all_gather_along(value, dim, *mesh);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const MeshPtr mesh = detail::mesh_from_capsule(ctx->saved_data["mesh"]);
-    return {reduce_scatter_tokens(grads[0], mesh), at::Tensor()};  // no gradient for the mesh
+    const int64_t dim = ctx->saved_data["dim"].toInt();
+    return {reduce_scatter_tokens(grads[0], mesh, dim), at::Tensor(),
+            at::Tensor()};  // no gradient for the mesh or dim
   }
 };
 
 }  // namespace
 
-at::Tensor reduce_scatter_tokens(const at::Tensor& grad_output, const MeshPtr& mesh) {
+at::Tensor reduce_scatter_tokens(const at::Tensor& grad_output, const MeshPtr& mesh, int64_t dim) {
   detail::require_defined(grad_output, "grad_output");
   if (grad_output.dim() < 1) raise("grad_output", "needs a token axis, got a 0-d tensor");
+  dim = checked_dim(dim, grad_output.dim(), "grad_output");
   const int cp = cp_size(mesh);
-  if (grad_output.size(0) % cp != 0)
-    raise("grad_output", "has ", grad_output.size(0), " rows, not a multiple of CP = ", cp);
+  if (grad_output.size(dim) % cp != 0)
+    raise("grad_output", "has ", grad_output.size(dim), " tokens along dim ", dim,
+          ", not a multiple of CP = ", cp);
   if (cp == 1) return grad_output;
-  const at::Tensor grad = grad_output.contiguous();  // a transposed dK/dV is common
-  std::vector<int64_t> sizes = grad.sizes().vec();
-  sizes[0] /= cp;
+  const int64_t n = grad_output.size(dim) / cp;
   if (detail::fault("gather_backward_narrow"))  // own slice of own gradient only
-    return grad.narrow(0, mesh->rank() * sizes[0], sizes[0]).clone();
+    return grad_output.narrow(dim, mesh->rank() * n, n).clone();
+  // Rank-major blocks [CP, ..., N, ...] in memory (a transposed dK/dV is common).
+  const at::Tensor grad = grad_output.unflatten(dim, {cp, n}).movedim(dim, 0).contiguous();
+  std::vector<int64_t> sizes = grad.sizes().vec();
+  sizes.erase(sizes.begin());
   at::Tensor out = detail::empty_reusable(sizes, grad.options());
   mesh->reduce_scatter_sum(grad.data_ptr(), out.data_ptr(), static_cast<std::size_t>(out.numel()),
                            detail::scalar_kind(grad, "grad_output"));
@@ -92,14 +109,16 @@ at::Tensor reduce_scatter_tokens(const at::Tensor& grad_output, const MeshPtr& m
   return out;
 }
 
-at::Tensor gather_tokens(const at::Tensor& value, const MeshPtr& mesh, bool differentiable) {
+at::Tensor gather_tokens(const at::Tensor& value, const MeshPtr& mesh, bool differentiable,
+                         int64_t dim) {
   detail::require_defined(value, "value");
   if (value.dim() < 1) raise("value", "needs a token axis, got a 0-d tensor");
+  dim = checked_dim(dim, value.dim(), "value");
   if (cp_size(mesh) > 1) check_shapes_agree(value, mesh);  // first: a dtype one rank lacks
   detail::scalar_kind(value, "value");                     // raises on every rank alike
   if (cp_size(mesh) == 1) return differentiable ? value : value.detach();
-  if (differentiable) return GatherTokens::apply(value, mesh);
-  return all_gather_rows(value.detach(), *mesh);
+  if (differentiable) return GatherTokens::apply(value, mesh, dim);
+  return all_gather_along(value.detach(), dim, *mesh);
 }
 
 at::Tensor restore_order(const at::Tensor& local, const Layout& layout, const MeshPtr& mesh) {
@@ -112,10 +131,9 @@ at::Tensor restore_order(const at::Tensor& local, const Layout& layout, const Me
   if (local.dim() < 2 || local.size(1) != plan.local_len)
     raise("local", "has shape ", detail::shape_of(local), " but [rows, ", plan.local_len,
           ", ...] is required");
-  // Tokens first, so the gather concatenates ranks along the token axis.
-  const at::Tensor gathered = gather_tokens(local.transpose(0, 1).contiguous(), mesh, true);
+  const at::Tensor gathered = gather_tokens(local, mesh, true, 1);
   const at::Tensor index = at::tensor(restore_index(plan), at::kLong).to(local.device());
-  return gathered.index_select(0, index).transpose(0, 1);
+  return gathered.index_select(1, index);
 }
 
 }  // namespace cpkit

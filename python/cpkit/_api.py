@@ -24,18 +24,19 @@ _STREAMS = 9  # tensors per microbatch from torch.ops.cpkit.shard
 
 
 @translate
-def gather_tokens(value: torch.Tensor, mesh: Mesh = None, differentiable: bool = True) -> torch.Tensor:
-    """All-gathers ``value [N, ...]`` of every CP rank into ``[CP * N, ...]`` in rank order.
+def gather_tokens(value: torch.Tensor, mesh: Mesh = None, differentiable: bool = True,
+                  dim: int = 0) -> torch.Tensor:
+    """All-gathers ``value [N, ...]`` of every CP rank into ``[CP * N, ...]`` in rank order,
+    along ``dim`` (an attention layer's ``[B, H, S, D]`` keys: ``dim=2``, no permute).
 
     With ``differentiable`` the backward is one reduce-scatter SUM onto the owning rank (keys
     and values of attention); without it there is no autograd edge (positions, document ids,
-    padding flags). Counts or trailing shapes that differ across ranks raise CPError on every
-    rank.
+    padding flags). Shapes or dtypes that differ across ranks raise CPError on every rank.
     """
     name = group_name(mesh)
     if not differentiable:
         value = value.detach()
-    return torch.ops.cpkit.gather_tokens(value, name)
+    return torch.ops.cpkit.gather_tokens(value, name, dim)
 
 
 @translate
@@ -110,8 +111,8 @@ def restore_order(local: torch.Tensor, layout: torch.Tensor, mesh: Mesh = None) 
     Differentiable: each rank's tokens get the gradient summed over the ranks that used
     them. ``layout``: the shard's ``"layout"``."""
     index = torch.ops.cpkit.restore_index(layout)
-    gathered = gather_tokens(local.transpose(0, 1).contiguous(), mesh)
-    return gathered.index_select(0, index.to(gathered.device)).transpose(0, 1)
+    gathered = gather_tokens(local, mesh, dim=1)
+    return gathered.index_select(1, index.to(gathered.device))
 
 
 class Sharder:

@@ -33,26 +33,32 @@ def _local_length(seq_len: int, cp_size: int, rank: int, pad_multiple: int,
 # ---- gather_tokens: all-gather forward, reduce-scatter SUM backward (and its adjoint) ----
 
 
+def _resized(t: torch.Tensor, dim: int, size) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    sizes = list(t.shape)
+    sizes[dim] = size  # a wrong dim raises IndexError here and CPError in the real op
+    return t.new_empty(sizes)
+
+
 @torch.library.register_fake(_LIB + "gather_tokens")
-def _gather_fake(value: torch.Tensor, group_name: str) -> torch.Tensor:
-    return value.new_empty((value.shape[0] * _group_size(group_name), *value.shape[1:]))
+def _gather_fake(value: torch.Tensor, group_name: str, dim: int = 0) -> torch.Tensor:
+    return _resized(value, dim, value.shape[dim] * _group_size(group_name))
 
 
 @torch.library.register_fake(_LIB + "reduce_scatter_tokens")
-def _reduce_scatter_fake(grad: torch.Tensor, group_name: str) -> torch.Tensor:
-    return grad.new_empty((grad.shape[0] // _group_size(group_name), *grad.shape[1:]))
+def _reduce_scatter_fake(grad: torch.Tensor, group_name: str, dim: int = 0) -> torch.Tensor:
+    return _resized(grad, dim, grad.shape[dim] // _group_size(group_name))
 
 
 def _setup_group(ctx: Any, inputs: tuple, output: Any) -> None:
-    ctx.group_name = inputs[1]
+    ctx.group_name, ctx.dim = inputs[1], inputs[2] if len(inputs) > 2 else 0
 
 
 def _gather_backward(ctx: Any, grad: torch.Tensor) -> tuple:
-    return torch.ops.cpkit.reduce_scatter_tokens(grad, ctx.group_name), None
+    return torch.ops.cpkit.reduce_scatter_tokens(grad, ctx.group_name, ctx.dim), None, None
 
 
 def _reduce_scatter_backward(ctx: Any, grad: torch.Tensor) -> tuple:
-    return torch.ops.cpkit.gather_tokens(grad, ctx.group_name), None
+    return torch.ops.cpkit.gather_tokens(grad, ctx.group_name, ctx.dim), None, None
 
 
 torch.library.register_autograd(

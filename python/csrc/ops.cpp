@@ -42,15 +42,16 @@ std::shared_ptr<const LayoutPlan> plan_or_none(const std::optional<at::Tensor>& 
   return layout.has_value() ? plan_from_tensor(*layout, "layout") : nullptr;
 }
 
-at::Tensor gather_tokens_op(const at::Tensor& value, const std::string& group_name) {
+at::Tensor gather_tokens_op(const at::Tensor& value, const std::string& group_name, int64_t dim) {
   return checked([&] {
-    return fresh(gather_tokens(value, mesh_for(group_name, value.device()), false), value);
+    return fresh(gather_tokens(value, mesh_for(group_name, value.device()), false, dim), value);
   });
 }
 
-at::Tensor reduce_scatter_tokens_op(const at::Tensor& grad, const std::string& group_name) {
+at::Tensor reduce_scatter_tokens_op(const at::Tensor& grad, const std::string& group_name,
+                                    int64_t dim) {
   return checked([&] {
-    return fresh(reduce_scatter_tokens(grad, mesh_for(group_name, grad.device())), grad);
+    return fresh(reduce_scatter_tokens(grad, mesh_for(group_name, grad.device()), dim), grad);
   });
 }
 
@@ -279,8 +280,8 @@ at::Tensor cut_spliced_backward_op(const at::Tensor& grad, const at::Tensor& lay
 }  // namespace
 
 TORCH_LIBRARY(cpkit, m) {
-  m.def("gather_tokens(Tensor value, str group_name) -> Tensor");
-  m.def("reduce_scatter_tokens(Tensor grad, str group_name) -> Tensor");
+  m.def("gather_tokens(Tensor value, str group_name, int dim=0) -> Tensor");
+  m.def("reduce_scatter_tokens(Tensor grad, str group_name, int dim=0) -> Tensor");
   m.def(
       "shifted_cp_loss(Tensor logits, Tensor labels, Tensor valid, str group_name, float softcap, "
       "Tensor? layout=None) -> (Tensor, Tensor)");

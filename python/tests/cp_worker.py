@@ -144,6 +144,22 @@ def check_gather(mesh, rank: int, cp: int) -> None:
     torch.testing.assert_close(value.grad, torch.full_like(value, cp * (cp + 1) / 2))
     metadata = cpkit.gather_tokens(torch.tensor([rank]), mesh, differentiable=False)
     assert metadata.tolist() == list(range(cp)), metadata
+    # Along the sequence dim of [B, H, S, D] keys (dim 2 and -2): the concatenation in rank
+    # order, and the backward sums every rank's upstream slice of this rank's tokens.
+    def keys_of(r: int) -> torch.Tensor:
+        return torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(40 + r))
+
+    def upstream_of(r: int) -> torch.Tensor:
+        return torch.randn(2, 3, 4 * cp, 5, generator=torch.Generator().manual_seed(80 + r))
+
+    for dim in (2, -2):
+        k = keys_of(rank).requires_grad_(True)
+        gathered = cpkit.gather_tokens(k, mesh, dim=dim)
+        torch.testing.assert_close(gathered, torch.cat([keys_of(r) for r in range(cp)], 2),
+                                   rtol=0, atol=0)
+        gathered.backward(upstream_of(rank))
+        expected = sum(upstream_of(r)[:, :, 4 * rank:4 * (rank + 1)] for r in range(cp))
+        torch.testing.assert_close(k.grad, expected)
 
 
 def check_sharding(mesh, rank: int, cp: int) -> None:
@@ -362,6 +378,20 @@ def check_compile(mesh, rank: int, cp: int) -> None:
         for eager, traced in zip(run(step, scale, count), run(compiled, scale, count)):
             torch.testing.assert_close(traced, eager, rtol=1e-5, atol=1e-6,
                                        msg=lambda m: f"scale {scale}, {count} microbatches: {m}")
+
+    # Keys gathered along the sequence dim of [B, H, S, D] inside an attention-like step.
+    def attention(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        keys = cpkit.gather_tokens(k, mesh, dim=2)
+        return (q @ keys.transpose(-1, -2)).softmax(-1).sum()
+
+    q = torch.randn(1, 2, 3, 4, generator=generator)
+    k = torch.randn(1, 2, 3, 4, generator=generator)
+    grads = []
+    for function in (attention, torch.compile(attention, fullgraph=True)):
+        k_in = k.clone().requires_grad_(True)
+        (0.5 * function(q, k_in)).backward()
+        grads.append(k_in.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
 
 
 def check_dead_peer_in_loss(rank: int, cp: int, timeout_s: float) -> None:

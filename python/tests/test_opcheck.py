@@ -31,8 +31,9 @@ def test_shifted_cp_loss(world1, softcap):
 def test_gather_and_reduce_scatter(world1, shape):
     value = torch.randn(*shape, requires_grad=True)
     for group in (world1.group_name, ""):
-        torch.library.opcheck(torch.ops.cpkit.gather_tokens, (value, group))
-        torch.library.opcheck(torch.ops.cpkit.reduce_scatter_tokens, (value, group))
+        for dim in (0, len(shape) - 1, -1):
+            torch.library.opcheck(torch.ops.cpkit.gather_tokens, (value, group, dim))
+            torch.library.opcheck(torch.ops.cpkit.reduce_scatter_tokens, (value, group, dim))
 
 
 def shard_opcheck_args(group: str) -> list[tuple]:

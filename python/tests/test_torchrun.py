@@ -4,7 +4,8 @@ rank's loss and logits gradient against plain PyTorch on the unsharded batch (BS
 packed documents straddling ranks, soft cap, N == 0); ranks that disagree (gather dtype,
 loss length and vocabulary, a different batch per rank) raise on every rank within a second;
 a peer that dies in the loss's exchange makes the others raise; torch.compile(fullgraph=True)
-at CP 2 with upstreams 1 and 0.5 and 3-microbatch accumulation. The checks live in cp_worker.py."""
+at CP 2, 3, 4 with upstreams 1 and 0.5, 3-microbatch accumulation and keys gathered along
+the sequence dim. The checks live in cp_worker.py."""
 
 from __future__ import annotations
 
@@ -46,9 +47,10 @@ def test_cp_sub_mesh_of_a_dp_cp_mesh(torchrun):
             assert f"rank {rank}/2 (replica {replica}): all checks passed" in out, out
 
 
-def test_compiled_step_matches_eager(torchrun):
-    out = run_world(torchrun, 2, CPKIT_COMPILE="1")
-    assert out.count("all checks passed") == 2, out
+@pytest.mark.parametrize("cp", [2, 3, 4])
+def test_compiled_step_matches_eager(torchrun, cp):
+    out = run_world(torchrun, cp, CPKIT_COMPILE="1")
+    assert out.count("all checks passed") == cp, out
 
 
 def test_dead_peer_in_the_loss_raises_on_the_others(torchrun):

@@ -57,6 +57,49 @@ TEST_P(GatherTokensTest, BackwardSumsEveryRanksGradientOntoTheOwner) {
   }));
 }
 
+// Along any dim (an attention layer's [B, H, S, D] keys gather along S): the concatenation
+// of every rank's tensor along that dim in rank order; the backward sums every rank's
+// upstream slice of this rank's tokens; negative dims count from the end.
+TEST_P(GatherTokensTest, AlongAnyDimIsConcatenationAndItsBackwardSums) {
+  const int world = GetParam();
+  expect_all_ranks_ok(run_ranks(world, [world](int rank, const MeshPtr& mesh) {
+    const int64_t n = 3;
+    auto value_of = [](int r) {  // [B 2, H 3, S n, D 2], known to every rank
+      at::manual_seed(4000 + r);
+      return at::randn({2, 3, n, 2});
+    };
+    auto upstream_of = [&](int r) {
+      at::manual_seed(5000 + r);
+      return at::randn({2, 3, world * n, 2});
+    };
+    std::vector<at::Tensor> all;
+    for (int r = 0; r < world; ++r) all.push_back(value_of(r));
+    for (const int64_t dim : {int64_t{2}, int64_t{-2}}) {
+      const at::Tensor value = value_of(rank).requires_grad_(true);
+      const at::Tensor gathered = gather_tokens(value, mesh, /*differentiable=*/true, dim);
+      require_equal(gathered, at::cat(all, 2), "gathered along dim " + std::to_string(dim));
+      const at::Tensor grad = torch::autograd::grad({gathered}, {value}, {upstream_of(rank)})[0];
+      at::Tensor expected = at::zeros_like(value);
+      for (int q = 0; q < world; ++q) expected += upstream_of(q).narrow(2, rank * n, n);
+      require_close(grad, expected, 1e-6, 1e-6, "backward along dim " + std::to_string(dim));
+    }
+    // dim 1 of a non-contiguous input (a transposed view) and without autograd.
+    const at::Tensor t = value_of(rank).transpose(1, 2);
+    std::vector<at::Tensor> all_t;
+    for (int r = 0; r < world; ++r) all_t.push_back(value_of(r).transpose(1, 2));
+    require_equal(gather_tokens(t, mesh, false, 1), at::cat(all_t, 1), "non-contiguous dim 1");
+    try {
+      gather_tokens(value_of(rank), mesh, false, 4);
+    } catch (const Error& e) {
+      require(e.argument() == "dim", "argument named");
+      require(std::string(e.what()).find("is 4 but value has 4 dimensions") != std::string::npos,
+              e.what());
+      return;
+    }
+    throw std::runtime_error("dim 4 of a 4-d tensor did not raise");
+  }));
+}
+
 // The upstream in the layouts a trainer's dK/dV really have (token axis not outermost in
 // memory, a strided slice beside NaN junk, a broadcast): the same owner gradient as its
 // contiguous copy gives.

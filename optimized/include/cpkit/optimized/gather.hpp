@@ -8,15 +8,19 @@
 
 namespace cpkit {
 
-// [N, ...] on every rank -> [CP * N, ...] in rank order. Differentiable: backward is one
-// reduce-scatter SUM onto the owning rank. Counts or trailing shapes that differ across
-// ranks raise cpkit::Error on every rank.
-at::Tensor gather_tokens(const at::Tensor& value, const MeshPtr& mesh, bool differentiable);
+// [N, ...] on every rank -> [CP * N, ...] in rank order, along `dim` (default 0, negative
+// counts from the end: an attention layer's [B, H, S, D] keys gather along dim 2 with no
+// permute). Differentiable: backward is one reduce-scatter SUM onto the owning rank along
+// the same dim. Shapes or dtypes that differ across ranks raise cpkit::Error on every rank.
+// A contiguous input is sent as it is; for dim != 0 the result is assembled in one copy.
+at::Tensor gather_tokens(const at::Tensor& value, const MeshPtr& mesh, bool differentiable,
+                         int64_t dim = 0);
 
-// gather_tokens' backward: [CP * N, ...] -> [N, ...], the sum over ranks of every rank's rows
-// [rank * N, (rank + 1) * N) (one reduce-scatter SUM). For autograd systems that register the
-// backward themselves (the Python package); gather_tokens(..., true) already uses it.
-at::Tensor reduce_scatter_tokens(const at::Tensor& grad, const MeshPtr& mesh);
+// gather_tokens' backward: [.., CP * N, ..] -> [.., N, ..] along `dim`, the sum over ranks of
+// every rank's slice [rank * N, (rank + 1) * N) (one reduce-scatter SUM). For autograd
+// systems that register the backward themselves (the Python package); gather_tokens(...,
+// true) already uses it.
+at::Tensor reduce_scatter_tokens(const at::Tensor& grad, const MeshPtr& mesh, int64_t dim = 0);
 
 // Per-token values of this rank's shard [rows, L, ...] (local order, e.g. per-token losses or
 // log-probabilities) -> [rows, S_pad, ...] in global order, on every rank: gather_tokens
