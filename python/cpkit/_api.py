@@ -142,7 +142,12 @@ class Sharder:
             raise_error("qkv_format", f"this call takes \"{qkv_format}\" batches, got \"{given}\"")
         self.cp_size, self.rank = cp_size_and_rank(mesh)
         self.shard_primary = shard_primary
-        self.images: list = list(batch.get("images") or [])
+        images = batch.get("images")
+        if images is not None and (not isinstance(images, (list, tuple))
+                                   or not all(isinstance(i, torch.Tensor) for i in images)):
+            # The C++ batch's words (CPBatch::from_map); the op's schema takes a tensor list.
+            raise_error("images", f"must be a list of tensors, got {type(images).__name__}")
+        self.images: list = list(images or [])
         self._batch = batch
         self._args = (self.cp_size, self.rank, pad_multiple)
         self._pad_token_id = pad_token_id
@@ -150,8 +155,8 @@ class Sharder:
         self._layout_kind = layout
         # Through the CP group: the ranks check that they shard the same batch.
         flat = torch.ops.cpkit.shard(
-            *(batch.get(key) for key in _TENSOR_KEYS), qkv_format, group_name(mesh),
-            num_chunks, shard_primary, pad_multiple, pad_token_id, layout,
+            *(batch.get(key) for key in _TENSOR_KEYS), self.images, qkv_format,
+            group_name(mesh), num_chunks, shard_primary, pad_multiple, pad_token_id, layout,
         )
         self._shards = [flat[i:i + _STREAMS] for i in range(0, len(flat), _STREAMS)]
         self._packed = qkv_format == "thd"

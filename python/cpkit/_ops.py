@@ -167,7 +167,7 @@ torch.library.register_autograd(
 @torch.library.register_fake(_LIB + "shard")
 def _shard_fake(
     input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens, seq_lens_padded,
-    qkv_format, group_name, num_chunks, shard_primary, pad_multiple, pad_token_id,
+    images, qkv_format, group_name, num_chunks, shard_primary, pad_multiple, pad_token_id,
     layout="contiguous",
 ):  # type: ignore[no-untyped-def]
     cp_size, rank = _group_size_and_rank(group_name)

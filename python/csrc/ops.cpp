@@ -109,8 +109,10 @@ CPBatch batch_of(const std::optional<at::Tensor>& input_ids,
                  const std::optional<at::Tensor>& position_ids,
                  const std::optional<at::Tensor>& attention_mask,
                  const std::optional<at::Tensor>& seq_lens,
-                 const std::optional<at::Tensor>& seq_lens_padded, const std::string& qkv_format) {
+                 const std::optional<at::Tensor>& seq_lens_padded, const std::string& qkv_format,
+                 const std::vector<at::Tensor>& images = {}) {
   CPBatch batch;
+  batch.images = images;
   batch.qkv_format = qkv_format;
   batch.input_ids = input_ids.value_or(at::Tensor());
   batch.inputs_embeds = inputs_embeds.value_or(at::Tensor());
@@ -153,14 +155,14 @@ std::vector<at::Tensor> shard_op(
     const std::optional<at::Tensor>& input_ids, const std::optional<at::Tensor>& inputs_embeds,
     const at::Tensor& labels, const std::optional<at::Tensor>& position_ids,
     const std::optional<at::Tensor>& attention_mask, const std::optional<at::Tensor>& seq_lens,
-    const std::optional<at::Tensor>& seq_lens_padded, const std::string& qkv_format,
-    const std::string& group_name, int64_t num_chunks, bool shard_primary, int64_t pad_multiple,
-    int64_t pad_token_id, const std::string& layout) {
+    const std::optional<at::Tensor>& seq_lens_padded, at::TensorList images,
+    const std::string& qkv_format, const std::string& group_name, int64_t num_chunks,
+    bool shard_primary, int64_t pad_multiple, int64_t pad_token_id, const std::string& layout) {
   return checked([&] {
     // Through the mesh: the ranks check that they shard the same batch (sharder.hpp).
     const Sharder sharder =
         sharder_on(batch_of(input_ids, inputs_embeds, labels, position_ids, attention_mask,
-                            seq_lens, seq_lens_padded, qkv_format),
+                            seq_lens, seq_lens_padded, qkv_format, images.vec()),
                    mesh_for(group_name, labels.device()), num_chunks, shard_primary, pad_multiple,
                    pad_token_id, layout);
     const bool packed = qkv_format == "thd";
@@ -293,8 +295,8 @@ TORCH_LIBRARY(cpkit, m) {
       "Tensor? layout=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "shard(Tensor? input_ids, Tensor? inputs_embeds, Tensor labels, Tensor? position_ids, "
-      "Tensor? attention_mask, Tensor? seq_lens, Tensor? seq_lens_padded, str qkv_format, "
-      "str group_name, int num_chunks, bool shard_primary, int pad_multiple, "
+      "Tensor? attention_mask, Tensor? seq_lens, Tensor? seq_lens_padded, Tensor[] images, "
+      "str qkv_format, str group_name, int num_chunks, bool shard_primary, int pad_multiple, "
       "int pad_token_id, str layout=\"contiguous\") -> Tensor[]");
   m.def(
       "attention_offsets(Tensor? input_ids, Tensor? inputs_embeds, Tensor labels, "

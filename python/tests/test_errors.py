@@ -115,3 +115,14 @@ def test_layouts_that_do_not_apply_or_do_not_match():
         cpkit.shifted_cp_loss(*_loss_inputs(), layout=torch.tensor([7, 1, 2, 2, 2, 1, 0, 2]))
     with pytest.raises(cpkit.CPError, match="argument 'layout'.*not a cpkit layout"):
         cpkit.shifted_cp_loss(*_loss_inputs(), layout=torch.ones(3))
+
+
+def test_images_are_checked_by_the_library():
+    ids = {"input_ids": torch.ones(1, 3, dtype=torch.long),
+           "labels": torch.ones(1, 3, dtype=torch.long)}
+    with pytest.raises(cpkit.CPError, match="argument 'images': image 0 has 2 dimensions"):
+        cpkit.prepare_cp_inputs({**ids, "images": [torch.zeros(3, 4)]})
+    with pytest.raises(cpkit.CPError, match="argument 'images': must be a list of tensors"):
+        cpkit.prepare_cp_inputs({**ids, "images": torch.zeros(2, 3, 4, 4)})
+    images = [torch.zeros(3, 4, 4)]
+    assert cpkit.prepare_cp_inputs({**ids, "images": images}).images[0] is images[0]
