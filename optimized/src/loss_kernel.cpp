@@ -44,8 +44,9 @@ at::Tensor scaled_loss(const at::Tensor& row_loss, const at::Tensor& scale) {
 }
 
 at::Tensor times_upstream(const at::Tensor& grad, const at::Tensor& upstream) {
-  // Reading a CPU scalar costs no synchronisation.
-  const bool unit = !upstream.is_cuda() && upstream.numel() == 1 && upstream.item<float>() == 1.0f;
+  // Reading a CPU scalar costs no synchronisation; the skip is the kernels' one rule.
+  const bool unit = !upstream.is_cuda() && upstream.numel() == 1 &&
+                    kernels::leaves_gradient_as_is(upstream.item<float>());
   return unit ? grad : grad * upstream;
 }
 

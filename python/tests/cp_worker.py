@@ -33,22 +33,22 @@ def single_device_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return total / count if count > 0 else total * 0.0
 
 
-def hf_labels(sharder_cp1: cpkit.Sharder, rows: int) -> torch.Tensor:
-    """The unsharded batch's labels with -100 wherever cpkit's layout says 'not a target'
-    (padding, a document's first token): what an HF collator produces."""
-    parts = []
-    for m in range(sharder_cp1.num_microbatches):
-        local = sharder_cp1.local(m)
-        labels = local["labels"].clone()
-        labels[~local["valid"].view_as(labels)] = IGNORE
-        parts.append(labels)
-    return torch.cat(parts)[:rows]
-
-
-def truth_labels(full: dict) -> torch.Tensor:
-    """An unsharded microbatch's labels, -100 wherever its layout counts no target."""
-    labels = full["labels"].clone()
-    labels[~full["valid"].view_as(labels)] = IGNORE
+def truth_labels(batch: dict, packed: bool, m: int) -> torch.Tensor:
+    """Microbatch m's labels as an HF collator gives them, written from the spec's rule on
+    the raw batch (not from cpkit): -100 on padding (mask 0, slot padding, the row tail)
+    and on a packed document's first token, which nothing in its document predicts."""
+    if not packed:  # one microbatch of every row
+        labels = batch["labels"].clone()
+        if batch.get("attention_mask") is not None:
+            labels[batch["attention_mask"] == 0] = IGNORE
+        return labels
+    labels = torch.full_like(batch["labels"][m:m + 1], IGNORE)
+    start = 0
+    for length, slot in zip(batch["seq_lens"][m].tolist(), batch["seq_lens_padded"][m].tolist()):
+        if length < 0:  # the -1000 sentinels end the row's list
+            break
+        labels[0, start + 1:start + length] = batch["labels"][m, start + 1:start + length]
+        start += slot
     return labels
 
 
@@ -68,7 +68,6 @@ def check_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab: int, 
     prepare = cpkit.prepare_packed_cp_inputs if packed else cpkit.prepare_cp_inputs
     chunks = batch["labels"].shape[0] if packed else 1
     sharder = prepare(batch, chunks, mesh=mesh, layout=layout_kind)
-    whole = prepare(batch, chunks, mesh=None)
     for m in range(sharder.num_microbatches):
         layout = sharder.layout(m)
         local = sharder.local(m)
@@ -81,10 +80,9 @@ def check_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab: int, 
                                      layout=local["layout"])
         loss.backward()
         # The truth: plain PyTorch on the unsharded microbatch.
-        full = whole.local(m)
         truth_logits = global_logits[:, :layout["seq_len"]].clone().requires_grad_(True)
         capped = softcap * torch.tanh(truth_logits / softcap) if softcap > 0 else truth_logits
-        truth = single_device_loss(capped, truth_labels(full))
+        truth = single_device_loss(capped, truth_labels(batch, packed, m))
         truth.backward()
         torch.testing.assert_close(mean_over_ranks(loss, mesh, cp), truth.detach(), rtol=1e-5, atol=1e-6)
         # Gradients: the CP / N scale means rank gradients are averaged: grad_r / CP = truth.
@@ -101,7 +99,6 @@ def check_linear_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab
     prepare = cpkit.prepare_packed_cp_inputs if packed else cpkit.prepare_cp_inputs
     chunks = batch["labels"].shape[0] if packed else 1
     sharder = prepare(batch, chunks, mesh=mesh, layout=layout_kind)
-    whole = prepare(batch, chunks, mesh=None)
     hidden_size = 12
     weight = torch.randn(vocab, hidden_size, generator=torch.Generator().manual_seed(seed)) * 0.8
     for m in range(sharder.num_microbatches):
@@ -117,12 +114,11 @@ def check_linear_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab
                                             softcap=softcap, chunk_rows=chunk_rows,
                                             layout=local["layout"])
         loss.backward()
-        full = whole.local(m)
         truth_hidden = global_hidden[:, :layout["seq_len"]].clone().requires_grad_(True)
         truth_w = weight.clone().requires_grad_(True)
         logits = truth_hidden @ truth_w.T
         capped = softcap * torch.tanh(logits / softcap) if softcap > 0 else logits
-        truth = single_device_loss(capped, truth_labels(full))
+        truth = single_device_loss(capped, truth_labels(batch, packed, m))
         truth.backward()
         torch.testing.assert_close(mean_over_ranks(loss, mesh, cp), truth.detach(), rtol=1e-5, atol=1e-6)
         dweight = w.grad.clone()
