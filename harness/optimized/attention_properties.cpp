@@ -1,4 +1,4 @@
-// SPEC 6 item 5 on the optimized path in real rank processes: masked CP attention, with keys
+// docs/spec.md section 3 (the attention mask) on the optimized path in real rank processes: masked CP attention, with keys
 // and values through gather_tokens, equals the reference's output and dQ/dK/dV.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>

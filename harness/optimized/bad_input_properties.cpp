@@ -1,4 +1,4 @@
-// SPEC 6 item 8 on both implementations: arbitrary packed metadata is accepted by both or
+// docs/spec.md sections 3 and 6 on both implementations: arbitrary packed metadata is accepted by both or
 // rejected by both, naming the same argument; never a crash or a hang.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>

@@ -1,4 +1,4 @@
-// SPEC 6 items 6 and 7 on the optimized path in real rank processes: shifted_cp_loss and its
+// docs/spec.md sections 5 and 7 on the optimized path in real rank processes: shifted_cp_loss and its
 // gradient against the reference for BSHD and packed batches, soft cap on and off, upstream
 // gradients other than 1, non-contiguous labels and valid masks, production vocabularies.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// SPEC 6 items 1, 2, 3 and 7: the optimized Sharder, run in real rank processes, equals the
+// docs/spec.md sections 2, 2b and 3: the optimized Sharder, run in real rank processes, equals the
 // reference rank by rank, bit for bit, whatever the strides of the batch it is given
 // (a collate's transposed [S, B] tensors, [:, ::2] slices); gathering its shards back gives
 // the reference's global streams; shard_primary=false + cut_spliced equals shard_primary=true, and

@@ -1,4 +1,4 @@
-// SPEC 6 item 5 for the reference: gather_tokens forward order and its reduce-scatter SUM.
+// docs/spec.md section 4 for the reference: gather_tokens forward order and its reduce-scatter SUM.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 

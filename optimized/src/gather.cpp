@@ -22,7 +22,7 @@ constexpr int64_t kMaxDims = 8;
 // so all raise the same error instead of entering a collective with mismatched sizes (a hang)
 // or mismatched dtypes (garbage). Read on the host per agreement_needs_reading: a CUDA rank
 // whose shape changes later while the others' do not is caught by the collective's own size
-// check or timeout (docs/spec.md section 3).
+// check or timeout (docs/spec.md sections 4 and 6a).
 void check_shapes_agree(const at::Tensor& value, const MeshPtr& mesh) {
   if (value.dim() > kMaxDims)
     raise("value", "has ", value.dim(), " dimensions, at most ", kMaxDims, " are supported");
