@@ -1,5 +1,6 @@
-// docs/spec.md section 3 (the attention mask) on the optimized path in real rank processes: masked CP attention, with keys
-// and values through gather_tokens, equals the reference's output and dQ/dK/dV.
+// docs/spec.md section 3 (the attention mask) on the optimized path in real rank processes: masked
+// CP attention, with keys and values through gather_tokens, equals the reference's output and
+// dQ/dK/dV.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 #include <torch/csrc/autograd/autograd.h>

@@ -1,5 +1,5 @@
-// docs/spec.md sections 3 and 6 on both implementations: arbitrary packed metadata is accepted by both or
-// rejected by both, naming the same argument; never a crash or a hang.
+// docs/spec.md sections 3 and 6 on both implementations: arbitrary packed metadata is accepted by
+// both or rejected by both, naming the same argument; never a crash or a hang.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 

@@ -1,5 +1,5 @@
-// docs/spec.md section 4 on the optimized path in real rank processes: gather_tokens forward and its
-// reduce-scatter backward against the reference, for contiguous, transposed, sliced and
+// docs/spec.md section 4 on the optimized path in real rank processes: gather_tokens forward and
+// its reduce-scatter backward against the reference, for contiguous, transposed, sliced and
 // expanded inputs and upstream gradients; mismatched counts raise on every rank.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>

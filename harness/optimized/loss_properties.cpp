@@ -1,5 +1,5 @@
-// docs/spec.md sections 5 and 7 on the optimized path in real rank processes: shifted_cp_loss and its
-// gradient against the reference for BSHD and packed batches, soft cap on and off, upstream
+// docs/spec.md sections 5 and 7 on the optimized path in real rank processes: shifted_cp_loss and
+// its gradient against the reference for BSHD and packed batches, soft cap on and off, upstream
 // gradients other than 1, non-contiguous labels and valid masks, production vocabularies.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>

@@ -1,5 +1,6 @@
-// docs/spec.md section 3 (the attention mask) for the reference: CP attention (local queries, gathered keys/values, the
-// SPEC 3 mask) equals single-device masked attention in output and in dQ, dK, dV.
+// docs/spec.md section 3 (the attention mask) for the reference: CP attention (local queries,
+// gathered keys/values, the SPEC 3 mask) equals single-device masked attention in output and in dQ,
+// dK, dV.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 

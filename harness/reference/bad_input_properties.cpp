@@ -1,5 +1,5 @@
-// docs/spec.md sections 3 and 6 for the reference: arbitrary packed metadata is either accepted with the
-// documented invariants or rejected with cpkit::reference::Error, never a crash.
+// docs/spec.md sections 3 and 6 for the reference: arbitrary packed metadata is either accepted
+// with the documented invariants or rejected with cpkit::reference::Error, never a crash.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 

@@ -1,5 +1,5 @@
-// docs/spec.md section 5 for the reference: the mean over ranks of shifted_cp_loss, and of its logits
-// gradient, equals the single-device HF shifted mean CE, for BSHD and packed documents.
+// docs/spec.md section 5 for the reference: the mean over ranks of shifted_cp_loss, and of its
+// logits gradient, equals the single-device HF shifted mean CE, for BSHD and packed documents.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 

@@ -1,5 +1,5 @@
-// docs/spec.md sections 2, 2b and 3 for the reference: shard then gather is the identity, every rank's
-// metadata is the global metadata cut, and shard_primary=false + in-forward cut == true.
+// docs/spec.md sections 2, 2b and 3 for the reference: shard then gather is the identity, every
+// rank's metadata is the global metadata cut, and shard_primary=false + in-forward cut == true.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
