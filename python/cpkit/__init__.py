@@ -20,7 +20,6 @@ from . import _ops  # noqa: E402,F401  (autograd and fake kernels)
 from ._api import (  # noqa: E402
     Sharder,
     gather_tokens,
-    group_of,
     prepare_cp_inputs,
     prepare_packed_cp_inputs,
     restore_order,
@@ -34,7 +33,6 @@ __all__ = [
     "CPError",
     "Sharder",
     "gather_tokens",
-    "group_of",
     "prepare_cp_inputs",
     "prepare_packed_cp_inputs",
     "restore_order",

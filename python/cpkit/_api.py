@@ -280,7 +280,3 @@ def prepare_packed_cp_inputs(
     return Sharder(batch, mesh, num_chunks, shard_primary, pad_multiple, pad_token_id, "thd",
                    layout)
 
-
-def group_of(mesh: Mesh) -> Optional[str]:
-    """The process-group name cpkit's ops receive for ``mesh`` (None for CP = 1)."""
-    return group_name(mesh) or None

@@ -2,13 +2,16 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
+#include <nccl.h>
 
 #include <unistd.h>
 
 #include <cmath>
 #include <vector>
 
+#include "cpkit/optimized/gather.hpp"
 #include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/nccl_mesh.hpp"
@@ -294,6 +297,27 @@ TEST(CudaSharder, BshdRowsOverTwoGiBCutCorrectly) {
   const Sharder s = prepare_cp_inputs_for(b, 4, 1);
   const at::Tensor got = s.local(0, 2).inputs_embeds;
   EXPECT_TRUE(at::equal(got, b.inputs_embeds.narrow(1, 2 * S / 4, S / 4)));
+}
+
+// make_nccl_mesh wraps a communicator the caller made and owns: collectives run on the
+// caller's stream, and the mesh never destroys or aborts the communicator.
+TEST(NcclMesh, CallerOwnedCommunicatorGathersAndSurvivesTheMesh) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t comm = nullptr;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess);
+  const at::Tensor x = at::arange(6, at::TensorOptions().dtype(at::kFloat).device(kCuda));
+  {
+    const MeshPtr mesh = make_nccl_mesh(
+        comm, [] { return static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()); });
+    EXPECT_STREQ(mesh->backend(), "nccl");
+    EXPECT_TRUE(at::equal(gather_tokens(x, mesh, false).cpu(), x.cpu()));
+  }
+  int count = 0;  // the communicator is still the caller's and still works
+  EXPECT_EQ(ncclCommCount(comm, &count), ncclSuccess);
+  EXPECT_EQ(count, 1);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
 }
 
 TEST(NcclMesh, CollectivesAtCpOne) {

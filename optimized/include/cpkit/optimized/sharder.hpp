@@ -52,7 +52,6 @@ class Sharder {
   int cp_size() const { return cp_size_; }
   int rank() const { return cp_rank(mesh_); }
   int num_microbatches() const;
-  bool shard_primary() const { return shard_primary_; }
   const std::vector<at::Tensor>& images() const { return batch_.images; }
 
   Layout layout(int microbatch, int rank) const;
