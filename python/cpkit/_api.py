@@ -149,7 +149,7 @@ class Sharder:
             raise_error("images", f"must be a list of tensors, got {type(images).__name__}")
         self.images: list = list(images or [])
         self._batch = batch
-        self._args = (self.cp_size, self.rank, pad_multiple)
+        self._pad_multiple = pad_multiple
         self._pad_token_id = pad_token_id
         self._num_chunks = num_chunks
         self._layout_kind = layout
@@ -196,7 +196,7 @@ class Sharder:
             return dict(self._offsets[microbatch])
         cu_q, cu_k, scalars, k_index = torch.ops.cpkit.attention_offsets(
             *(self._batch.get(key) for key in _TENSOR_KEYS), self._format, self.cp_size,
-            self.rank, self._num_chunks, self._args[2], microbatch, self._layout_kind,
+            self.rank, self._num_chunks, self._pad_multiple, microbatch, self._layout_kind,
         )
         names = ("max_seqlen_q", "max_seqlen_k", "k_begin", "k_end")
         self._offsets[microbatch] = {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,

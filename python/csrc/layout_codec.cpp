@@ -85,12 +85,9 @@ std::shared_ptr<const LayoutPlan> plan_from_tensor(const at::Tensor& t, const ch
   return plan;
 }
 
-std::vector<std::int64_t> layout_summary(const LayoutPlan& plan, int rank) {
-  if (rank < 0 || rank >= plan.cp_size)
-    raise("rank", "must be in [0, ", plan.cp_size, "), got ", rank);
-  std::vector<std::int64_t> out{plan.seq_len, plan.padded_len, plan.local_len};
-  for (const Fragment& f : plan.fragments[static_cast<std::size_t>(rank)])
-    out.insert(out.end(), {f.begin, f.end});
+std::vector<std::int64_t> layout_summary(const Layout& layout) {
+  std::vector<std::int64_t> out{layout.seq_len, layout.padded_len, layout.local_len};
+  for (const Fragment& f : layout.fragments) out.insert(out.end(), {f.begin, f.end});
   return out;
 }
 

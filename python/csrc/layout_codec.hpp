@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpkit/optimized/layout.hpp"
+#include "cpkit/optimized/sharder.hpp"
 
 namespace cpkit::python {
 
@@ -20,8 +21,8 @@ at::Tensor plan_to_tensor(const LayoutPlan& plan);
 // The inverse; a tensor that is not such a plan raises naming `argument`.
 std::shared_ptr<const LayoutPlan> plan_from_tensor(const at::Tensor& t, const char* argument);
 
-// [seq_len, padded_len, local_len, then rank's fragments as begin, end pairs]: what the
+// [seq_len, padded_len, local_len, then the rank's fragments as begin, end pairs]: what the
 // shard_layout and layout_fragments ops return.
-std::vector<std::int64_t> layout_summary(const LayoutPlan& plan, int rank);
+std::vector<std::int64_t> layout_summary(const Layout& layout);
 
 }  // namespace cpkit::python

@@ -216,9 +216,9 @@ std::vector<int64_t> shard_layout_op(int64_t seq_len, int64_t cp_size, int64_t r
   return checked([&] {
     const LayoutKind kind = layout_kind(layout);
     if (kind == LayoutKind::kBalanced && slot_lens.has_value()) {
-      const LayoutPlan plan = plan_balanced(*slot_lens, seq_len, static_cast<int>(cp_size),
-                                            static_cast<int>(pad_multiple));
-      return layout_summary(plan, static_cast<int>(rank));
+      const auto plan = std::make_shared<const LayoutPlan>(plan_balanced(
+          *slot_lens, seq_len, static_cast<int>(cp_size), static_cast<int>(pad_multiple)));
+      return layout_summary(layout_of(plan, static_cast<int>(rank)));
     }
     if (kind == LayoutKind::kBalanced) {
       if (rank < 0 || rank >= cp_size) raise("rank", "must be in [0, ", cp_size, "), got ", rank);
@@ -226,15 +226,15 @@ std::vector<int64_t> shard_layout_op(int64_t seq_len, int64_t cp_size, int64_t r
                                                   static_cast<int>(pad_multiple));
       return std::vector<int64_t>{seq_len, padded, padded / cp_size};
     }
-    const Layout l = shard_layout(seq_len, static_cast<int>(cp_size), static_cast<int>(rank),
-                                  static_cast<int>(pad_multiple), kind);
-    return layout_summary(*l.plan, static_cast<int>(rank));
+    return layout_summary(shard_layout(seq_len, static_cast<int>(cp_size), static_cast<int>(rank),
+                                       static_cast<int>(pad_multiple), kind));
   });
 }
 
 std::vector<int64_t> layout_fragments_op(const at::Tensor& layout, int64_t rank) {
-  return checked(
-      [&] { return layout_summary(*plan_from_tensor(layout, "layout"), static_cast<int>(rank)); });
+  return checked([&] {
+    return layout_summary(layout_of(plan_from_tensor(layout, "layout"), static_cast<int>(rank)));
+  });
 }
 
 // restore_order's permutation (layout.hpp restore_index) on the plan's device.
@@ -247,12 +247,10 @@ at::Tensor restore_index_op(const at::Tensor& layout) {
 
 // Rank's Layout in the plan, checking the caller's local length (the fake kernel's shape).
 Layout rank_layout(const at::Tensor& layout, int64_t rank, int64_t local_len) {
-  const auto plan = plan_from_tensor(layout, "layout");
-  if (rank < 0 || rank >= plan->cp_size)
-    raise("rank", "must be in [0, ", plan->cp_size, "), got ", rank);
-  if (local_len != plan->local_len)
-    raise("local_len", "is ", local_len, " but the layout gives each rank ", plan->local_len);
-  return layout_of(plan, static_cast<int>(rank));
+  Layout l = layout_of(plan_from_tensor(layout, "layout"), static_cast<int>(rank));
+  if (local_len != l.local_len)
+    raise("local_len", "is ", local_len, " but the layout gives each rank ", l.local_len);
+  return l;
 }
 
 at::Tensor cut_spliced_op(const at::Tensor& spliced, const at::Tensor& layout, int64_t rank,
