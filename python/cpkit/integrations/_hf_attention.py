@@ -1,0 +1,91 @@
+"""The attention function cpkit registers with transformers' AttentionInterface: the shard's
+queries against the keys and values of the whole sequence (cpkit.gather_tokens along the
+token axis of HF's [B, H, S, D]), masked exactly by document, position and padding
+(docs/spec.md section 3's mask rule)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .._api import gather_tokens
+from .._errors import raise_error
+
+try:  # FlashAttention / cuDNN varlen kernel where torch has one (CUDA, half precision)
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # pragma: no cover - torch without the varlen API
+    varlen_attn = None
+
+NAME = "cpkit"
+BACKENDS = ("auto", "sdpa", "varlen")
+
+
+def attention_context(shard: dict, positions: torch.Tensor, mesh, backend: str) -> dict:
+    """Per-step state every layer shares: the mask (SDPA) or the offsets (varlen). The
+    positions, document ids and padding flags travel with the keys (non-differentiable
+    gathers), in rank order like the keys, whatever the layout."""
+    pos_q, doc_q, pad_q = positions, shard["document_ids"], shard["padding"]
+    context = {"mesh": mesh, "backend": backend, "shard": shard}
+    if backend == "varlen":
+        return context
+    pos_k = gather_tokens(pos_q, mesh, differentiable=False, dim=1)
+    doc_k = gather_tokens(doc_q, mesh, differentiable=False, dim=1)
+    pad_k = gather_tokens(pad_q, mesh, differentiable=False, dim=1)
+    allowed = ((doc_q[:, :, None] > 0) & (doc_q[:, :, None] == doc_k[:, None, :])
+               & (pos_k[:, None, :] <= pos_q[:, :, None]) & ~pad_k[:, None, :])
+    # A query with no key (padding, empty documents, the row tail) attends to itself (its own
+    # token sits at rank * L + i of the gather): SDPA would give NaN, and such outputs reach
+    # only ignored labels and keys nobody may see.
+    length = pos_q.shape[1]
+    local = torch.arange(length, device=pos_q.device)
+    own = allowed[:, local, local + shard["rank"] * length]
+    allowed[:, local, local + shard["rank"] * length] = own | ~allowed.any(-1)
+    context["mask"] = allowed.unsqueeze(1)  # [rows, 1, L, CP * L]
+    context["distance"] = (pos_q[:, :, None] - pos_k[:, None, :]).unsqueeze(1)
+    return context
+
+
+def cp_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor, attention_mask, scaling: float | None = None,
+                 dropout: float = 0.0, sliding_window: int | None = None, **kwargs):
+    """HF's attention-function signature: ``query [B, Hq, L, D]``, ``key``/``value``
+    ``[B, Hkv, L, D]`` of this rank's shard -> ``([B, L, Hq, D], None)``."""
+    context = kwargs.get("cpkit_attention")
+    if context is None:
+        raise_error("cpkit_attention", "is missing: this model's attention was made "
+                    "context-parallel by cpkit.integrations.transformers.apply; call the "
+                    "model with model(**shard_batch(batch, mesh))")
+    for name in ("s_aux", "softcap"):  # attention sinks, attention-logit soft-capping
+        if kwargs.get(name) is not None:
+            raise_error("model", f"passes '{name}' to its attention, which cpkit's attention "
+                        "does not implement")
+    if attention_mask is not None:
+        raise_error("attention_mask", "must reach cpkit's attention as None: the mask comes "
+                    "from the shard (pass the batch's attention_mask to shard_batch)")
+    mesh = context["mesh"]
+    keys = gather_tokens(key, mesh, dim=2)  # [B, Hkv, CP * L, D], rank order
+    values = gather_tokens(value, mesh, dim=2)
+    if context["backend"] == "varlen":
+        return _varlen(query, keys, values, context["shard"], scaling, sliding_window), None
+    mask = context["mask"]
+    if sliding_window is not None:  # HF's overlay: key within the last `window` positions
+        mask = mask & (context["distance"] < sliding_window)
+    out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, dropout_p=dropout,
+                                         scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _varlen(query, keys, values, shard, scaling, sliding_window) -> torch.Tensor:
+    """The same attention from the shard's varlen offsets (one packed row): queries as they
+    are, the gathered keys ``[k_begin, k_end)`` (contiguous) or ``k_index`` (other layouts),
+    causal with bottom-right alignment. Padding queries' outputs are unspecified and reach
+    only ignored labels."""
+    used = shard.get("k_index")
+    if used is None:
+        used = slice(shard["k_begin"], shard["k_end"])
+    tokens = lambda t: t[0].transpose(0, 1)  # noqa: E731  [1, H, N, D] -> [N, H, D]
+    left = -1 if sliding_window is None else sliding_window - 1
+    out = varlen_attn(tokens(query), tokens(keys)[used], tokens(values)[used],
+                      shard["cu_seqlens_q"], shard["cu_seqlens_k"], shard["max_seqlen_q"],
+                      shard["max_seqlen_k"], scale=scaling, window_size=(left, 0))
+    return out.unsqueeze(0)  # [1, L, Hq, D]
