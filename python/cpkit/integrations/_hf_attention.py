@@ -49,7 +49,9 @@ def cp_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
                  value: torch.Tensor, attention_mask, scaling: float | None = None,
                  dropout: float = 0.0, sliding_window: int | None = None, **kwargs):
     """HF's attention-function signature: ``query [B, Hq, L, D]``, ``key``/``value``
-    ``[B, Hkv, L, D]`` of this rank's shard -> ``([B, L, Hq, D], None)``."""
+    ``[B, Hkv, L, D]`` of this rank's shard -> ``([B, L, Hq, D], None)``. ``attention_mask``
+    is None (transformers builds no mask for an implementation without a mask function); the
+    mask comes from the shard."""
     context = kwargs.get("cpkit_attention")
     if context is None:
         raise_error("cpkit_attention", "is missing: this model's attention was made "
@@ -59,9 +61,6 @@ def cp_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
         if kwargs.get(name) is not None:
             raise_error("model", f"passes '{name}' to its attention, which cpkit's attention "
                         "does not implement")
-    if attention_mask is not None:
-        raise_error("attention_mask", "must reach cpkit's attention as None: the mask comes "
-                    "from the shard (pass the batch's attention_mask to shard_batch)")
     mesh = context["mesh"]
     keys = gather_tokens(key, mesh, dim=2)  # [B, Hkv, CP * L, D], rank order
     values = gather_tokens(value, mesh, dim=2)

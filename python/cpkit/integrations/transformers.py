@@ -96,13 +96,16 @@ def _backend(settings, shard: dict, hidden_dtype: torch.dtype, device: torch.dev
 
 @translate
 def _forward(self, input_ids=None, position_ids=None, labels=None, cpkit_shard=None,
-             inputs_embeds=None, **kwargs):
+             inputs_embeds=None, attention_mask=None, **kwargs):
     """The forward ``apply`` installs: this rank's shard through the base model, then the
     CP loss with the shard's layout."""
     settings = self.cpkit_settings
     if cpkit_shard is None:
         raise_error("cpkit_shard", "is missing: call a model made context-parallel by "
                     "cpkit.integrations.transformers.apply as model(**shard_batch(batch, mesh))")
+    if attention_mask is not None:  # transformers would drop it silently
+        raise_error("attention_mask", "goes to shard_batch with the rest of the batch, not to "
+                    "the model: the shard's mask is exact across ranks")
     if cpkit_shard["group"] != group_name(settings.mesh):
         raise_error("cpkit_shard", "was cut for another CP group than the model's mesh")
     embed_dtype = self.get_input_embeddings().weight.dtype
