@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "host_cache_internal.hpp"
+#include "kernels/upstream_scale.hpp"
 #include "loss_kernel.hpp"
 #include "loss_targets.hpp"
 #include "tensor_checks.hpp"
@@ -58,10 +59,7 @@ class ShiftedCrossEntropy : public torch::autograd::Function<ShiftedCrossEntropy
   // silently scaling twice.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    if (ctx->saved_data.count(kBackwardDone))
-      raise("shifted_cp_loss backward",
-            "ran twice through one forward (retain_graph=True): the logits gradient was "
-            "scaled in place by the first; call shifted_cp_loss again for a second backward");
+    check_backward_once(ctx->saved_data.count(kBackwardDone) > 0);
     ctx->saved_data[kBackwardDone] = true;
     at::Tensor grad = ctx->get_saved_variables()[0];
     scale_loss_gradient_(grad, grads[0]);
@@ -101,6 +99,18 @@ void scale_loss_gradient_(const at::Tensor& grad_logits, const at::Tensor& upstr
   if (upstream.is_cuda() && upstream.device() != grad_logits.device())
     raise("upstream", "is on ", upstream.device(), " but grad_logits is on ", grad_logits.device());
   detail::scale_by_upstream_in_place(grad_logits, upstream);
+}
+
+bool leaves_gradient_as_is(const at::Tensor& upstream) {
+  return upstream.defined() && !upstream.is_cuda() && upstream.numel() == 1 &&
+         kernels::leaves_gradient_as_is(upstream.item<float>());
+}
+
+void check_backward_once(bool done) {
+  if (done)
+    raise("shifted_cp_loss backward",
+          "ran twice through one forward (retain_graph=True): the logits gradient was "
+          "scaled in place by the first; call shifted_cp_loss again for a second backward");
 }
 
 }  // namespace cpkit

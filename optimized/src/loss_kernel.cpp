@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 
+#include "cpkit/optimized/loss.hpp"
 #include "cuda_glue.hpp"
 #include "fault_injection.hpp"
 #include "kernels/cross_entropy_launch.hpp"
@@ -44,10 +45,7 @@ at::Tensor scaled_loss(const at::Tensor& row_loss, const at::Tensor& scale) {
 }
 
 at::Tensor times_upstream(const at::Tensor& grad, const at::Tensor& upstream) {
-  // Reading a CPU scalar costs no synchronisation; the skip is the kernels' one rule.
-  const bool unit = !upstream.is_cuda() && upstream.numel() == 1 &&
-                    kernels::leaves_gradient_as_is(upstream.item<float>());
-  return unit ? grad : grad * upstream;
+  return cpkit::leaves_gradient_as_is(upstream) ? grad : grad * upstream;
 }
 
 void scale_by_upstream_in_place(const at::Tensor& grad, const at::Tensor& upstream) {

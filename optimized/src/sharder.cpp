@@ -94,6 +94,13 @@ at::Tensor Sharder::global_primary(int index) const {
   return primary.narrow(0, mb.first_row, mb.rows);
 }
 
+void check_spliced(const at::Tensor& spliced, int64_t rows, const Layout& layout) {
+  detail::require_defined(spliced, "spliced");
+  if (spliced.dim() < 2 || spliced.size(0) != rows || spliced.size(1) != layout.seq_len)
+    raise("spliced", "has shape ", detail::shape_of(spliced), " but [", rows, ", ", layout.seq_len,
+          ", ...] is required");
+}
+
 at::Tensor Sharder::cut_spliced(int index, int rank, const at::Tensor& spliced) const {
   Layout l = layout(index, rank);
   const Microbatch& mb = microbatch(index);
@@ -101,10 +108,7 @@ at::Tensor Sharder::cut_spliced(int index, int rank, const at::Tensor& spliced) 
     l.fragments.front().begin -= 1;  // off by one
     l.fragments.front().end -= 1;
   }
-  detail::require_defined(spliced, "spliced");
-  if (spliced.dim() < 2 || spliced.size(0) != mb.rows || spliced.size(1) != l.seq_len)
-    raise("spliced", "has shape ", detail::shape_of(spliced), " but [", mb.rows, ", ", l.seq_len,
-          ", ...] is required");
+  check_spliced(spliced, mb.rows, l);
   const double fill = spliced.is_floating_point() ? 0.0 : static_cast<double>(pad_.pad_token_id);
   if (!spliced.is_floating_point()) return cut_columns(spliced, l, fill);  // ids
   return CutSpliced::apply(spliced, l, fill);

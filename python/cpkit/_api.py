@@ -227,7 +227,7 @@ class Sharder:
         primary = self._batch.get("input_ids")
         if primary is None:
             primary = self._batch["inputs_embeds"]
-        rows = 1 if self._packed else primary.shape[0] // self._num_chunks
+        rows = self._rows()
         return primary[microbatch * rows:(microbatch + 1) * rows]
 
     @translate
@@ -237,7 +237,12 @@ class Sharder:
         plan = self._shard(microbatch)[6]
         fill = 0.0 if spliced.is_floating_point() else float(self._pad_token_id)
         local_len = self.layout(microbatch)["local_len"]
-        return torch.ops.cpkit.cut_spliced(spliced, plan, self.rank, local_len, fill)
+        return torch.ops.cpkit.cut_spliced(spliced, plan, self.rank, self._rows(), local_len,
+                                           fill)
+
+    def _rows(self) -> int:
+        """Rows per microbatch: one packed row, or the batch axis split num_chunks ways."""
+        return 1 if self._packed else self._batch["labels"].shape[0] // self._num_chunks
 
     def _shard(self, microbatch: int) -> list:
         if not 0 <= microbatch < self.num_microbatches:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._errors import raise_error
+from ._errors import translate
 
 _LIB = "cpkit::"
 
@@ -94,12 +94,7 @@ def _loss_backward(ctx: Any, grad_loss: torch.Tensor, _grad_of_grad: Any) -> tup
         return None, None, None, None, None, None
     # The saved gradient is scaled in place (no second [B, L, V] buffer; nothing at all for
     # loss.backward()'s upstream of 1, read on the device for CUDA), so it serves one backward.
-    if getattr(ctx, "backward_done", False):
-        raise_error(
-            "shifted_cp_loss backward",
-            "ran twice through one forward (retain_graph=True): the logits gradient was "
-            "scaled in place by the first; call shifted_cp_loss again for a second backward",
-        )
+    translate(torch.ops.cpkit.check_backward_once)(getattr(ctx, "backward_done", False))
     ctx.backward_done = True
     if type(grad) is not torch.Tensor or type(grad_loss) is not torch.Tensor:
         # Traced (fake or functional tensors): compiled graphs may not mutate a tensor saved
@@ -133,14 +128,8 @@ def _linear_loss_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 def _times_upstream(grad: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
     # d hidden and d weight are small next to the logits: an out-of-place multiply (on the
-    # device for a CUDA upstream), skipped for loss.backward()'s upstream of exactly 1 when it
-    # is a CPU scalar in eager mode (reading it costs no synchronisation).
-    if (
-        type(upstream) is torch.Tensor
-        and upstream.device.type == "cpu"
-        and upstream.numel() == 1
-        and upstream.item() == 1.0
-    ):
+    # device for a CUDA upstream), skipped in eager mode where the library's rule says so.
+    if type(upstream) is torch.Tensor and torch.ops.cpkit.leaves_gradient_as_is(upstream):
         return grad
     return grad * upstream
 
@@ -209,7 +198,7 @@ def _offsets_fake(
 
 
 @torch.library.register_fake(_LIB + "cut_spliced")
-def _cut_fake(spliced, layout, rank, local_len, fill):  # type: ignore[no-untyped-def]
+def _cut_fake(spliced, layout, rank, rows, local_len, fill):  # type: ignore[no-untyped-def]
     return spliced.new_empty((spliced.shape[0], local_len, *spliced.shape[2:]))
 
 
@@ -219,7 +208,7 @@ def _uncut_fake(grad, layout, rank, seq_len):  # type: ignore[no-untyped-def]
 
 
 def _cut_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-    spliced, layout, ctx.rank, _, _ = inputs
+    spliced, layout, ctx.rank, _, _, _ = inputs
     ctx.save_for_backward(layout)
     ctx.seq_len = spliced.shape[1]
 
@@ -227,7 +216,7 @@ def _cut_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
 def _cut_backward(ctx: Any, grad: torch.Tensor) -> tuple:
     (layout,) = ctx.saved_tensors
     full = torch.ops.cpkit.cut_spliced_backward(grad, layout, ctx.rank, ctx.seq_len)
-    return full, None, None, None, None
+    return full, None, None, None, None, None
 
 
 torch.library.register_autograd(_LIB + "cut_spliced", _cut_backward, setup_context=_cut_setup)

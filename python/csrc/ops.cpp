@@ -90,6 +90,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> shifted_cp_linear_loss_op(
   });
 }
 
+bool leaves_gradient_as_is_op(const at::Tensor& upstream) {
+  return checked([&] { return leaves_gradient_as_is(upstream); });
+}
+
+void check_backward_once_op(bool done) {
+  checked([&] { check_backward_once(done); });
+}
+
 // The value-check switch by name: "cpu_only" (the default), "always" or "never".
 void set_value_checks_op(const std::string& mode) {
   checked([&] {
@@ -254,14 +262,10 @@ Layout rank_layout(const at::Tensor& layout, int64_t rank, int64_t local_len) {
 }
 
 at::Tensor cut_spliced_op(const at::Tensor& spliced, const at::Tensor& layout, int64_t rank,
-                          int64_t local_len, double fill) {
+                          int64_t rows, int64_t local_len, double fill) {
   return checked([&] {
-    if (spliced.dim() < 2)
-      raise("spliced", "must be [rows, S, ...], got ", spliced.dim(), " dimensions");
     const Layout l = rank_layout(layout, rank, local_len);
-    if (spliced.size(1) != l.seq_len)
-      raise("spliced", "has ", spliced.size(1), " tokens per row but the layout was planned for ",
-            l.seq_len);
+    check_spliced(spliced, rows, l);
     return fresh(cut_columns(spliced, l, fill), spliced);
   });
 }
@@ -313,7 +317,11 @@ TORCH_LIBRARY(cpkit, m) {
   // Process-wide: not a tensor op, called outside any traced region.
   m.def("set_value_checks(str mode) -> ()", &set_value_checks_op);
   m.def(
-      "cut_spliced(Tensor spliced, Tensor layout, int rank, int local_len, float fill) -> Tensor");
+      "cut_spliced(Tensor spliced, Tensor layout, int rank, int rows, int local_len, float fill) "
+      "-> Tensor");
+  // The rules a Python backward shares with the C++ API's (loss.hpp); eager only.
+  m.def("leaves_gradient_as_is(Tensor upstream) -> bool", &leaves_gradient_as_is_op);
+  m.def("check_backward_once(bool done) -> ()", &check_backward_once_op);
   m.def("cut_spliced_backward(Tensor grad, Tensor layout, int rank, int seq_len) -> Tensor");
 }
 

@@ -74,7 +74,7 @@ HEAD_TAIL_7_CP2 = torch.tensor([1, 2, 7, 8, 4, 2, 1, 0, 2, 6, 8, 2, 6])
                                                    (HEAD_TAIL_7_CP2, 0, 4)])
 def test_cut_spliced(plan, rank, local_len):
     spliced = torch.randn(2, 7, 3, requires_grad=True)
-    torch.library.opcheck(torch.ops.cpkit.cut_spliced, (spliced, plan, rank, local_len, 0.0))
+    torch.library.opcheck(torch.ops.cpkit.cut_spliced, (spliced, plan, rank, 2, local_len, 0.0))
     torch.library.opcheck(torch.ops.cpkit.cut_spliced_backward,
                           (torch.randn(2, local_len, 3), plan, rank, 7))
 

@@ -67,3 +67,22 @@ def test_backward_touches_no_other_logits_sized_tensor():
                if any(list(s) == shape for s in event.input_shapes if isinstance(s, list))
                and not event.name.startswith(("cpkit::", "GeneratedBackward", "autograd::"))]
     assert touched == [], touched
+
+
+def test_fused_head_hands_out_its_gradients_for_a_unit_upstream():
+    """The library's rule (leaves_gradient_as_is): an upstream of exactly 1 on the CPU hands
+    out the gradients the forward computed, unscaled and uncopied; any other scales them."""
+    generator = torch.Generator().manual_seed(2)
+    hidden = torch.randn(1, 6, 8, generator=generator, requires_grad=True)
+    weight = torch.randn(20, 8, generator=generator, requires_grad=True)
+    labels = torch.randint(0, 20, (1, 6), generator=generator)
+    valid = torch.ones(6, dtype=torch.bool)
+    args = (hidden, weight, labels, valid, "", 0.0, 0, True, True, None)
+    loss, dh, dw = torch.ops.cpkit.shifted_cp_linear_loss(*args)
+    gh, gw = torch.autograd.grad(loss, (hidden, weight))
+    assert gh.data_ptr() == dh.data_ptr() and gw.data_ptr() == dw.data_ptr()
+    loss, dh, dw = torch.ops.cpkit.shifted_cp_linear_loss(*args)
+    gh, gw = torch.autograd.grad(loss, (hidden, weight), torch.tensor(0.5))
+    assert gh.data_ptr() != dh.data_ptr()
+    torch.testing.assert_close(gh, dh * 0.5)
+    torch.testing.assert_close(gw, dw * 0.5)

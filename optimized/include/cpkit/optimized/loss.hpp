@@ -41,4 +41,13 @@ LossWithGrad shifted_cp_loss_with_grad(const at::Tensor& logits, const at::Tenso
 // upstream: one element, on the CPU or grad_logits' device.
 void scale_loss_gradient_(const at::Tensor& grad_logits, const at::Tensor& upstream);
 
+// Whether a backward may hand its gradient on unscaled: a CPU upstream of exactly 1 (reading
+// it costs no synchronisation; the kernels' rule, kernels/upstream_scale.hpp). For wrappers
+// that scale the fused head's small gradients themselves (the Python package).
+bool leaves_gradient_as_is(const at::Tensor& upstream);
+
+// The in-place scaling above serves one backward: raises for a second one through a graph
+// kept with retain_graph=True (`done`: a backward already ran for this forward).
+void check_backward_once(bool done);
+
 }  // namespace cpkit

@@ -101,6 +101,8 @@ Layout shard_layout(std::int64_t seq_len, int cp_size, int rank, int pad_multipl
 // x[rows, S, ...] -> [rows, L, ...] holding the layout's fragments' columns, `fill` past S;
 // and its backward, the local gradient on those columns of a zero [rows, S, ...] gradient.
 at::Tensor cut_columns(const at::Tensor& x, const Layout& layout, double fill);
+// Raises unless `spliced` is [rows, layout.seq_len, ...] (the one check of both front doors).
+void check_spliced(const at::Tensor& spliced, std::int64_t rows, const Layout& layout);
 at::Tensor cut_columns_backward(const at::Tensor& grad, const Layout& layout);
 
 // BSHD (qkv_format "bshd"): num_chunks splits the batch axis.
