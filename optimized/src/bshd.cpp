@@ -1,6 +1,5 @@
 // BSHD: validation, microbatches along the batch axis, and a rank's token streams in one
 // pass (kernels/bshd_layout.hpp: a CPU loop, or one CUDA kernel for CUDA tensors).
-#include <c10/core/DeviceGuard.h>
 
 #include "cpkit/optimized/error.hpp"
 #include "cuda_glue.hpp"
@@ -81,11 +80,8 @@ at::Tensor int64_rows(const at::Tensor& t, const Sharder::Microbatch& mb,
 void fill_bshd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const Layout& l,
                        LocalShard& shard) {
   const at::Device device = batch.labels.device();
-#if CPKIT_WITH_CUDA
-  const bool on_gpu = device.is_cuda();
-#else
-  const bool on_gpu = false;  // CUDA tensors take the host pass, then move (as THD's do)
-#endif
+  // Without the CUDA kernels, CUDA tensors take the host pass, then move (as THD's do).
+  const bool on_gpu = device.is_cuda() && cuda_kernels_built();
   const at::Device where = on_gpu ? device : at::Device(at::kCPU);
   const auto out = at::TensorOptions().device(where);
   const at::Tensor labels = int64_rows(batch.labels, mb, where);
@@ -113,8 +109,6 @@ void fill_bshd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, cons
   args.rows = mb.rows;
   args.seq_len = l.seq_len;
   args.out_pitch = l.local_len;
-  const c10::OptionalDeviceGuard on_device(on_gpu ? std::optional<at::Device>(device)
-                                                  : std::nullopt);  // launch on the batch's GPU
   int64_t offset = 0;
   for (const Fragment& f : l.fragments) {
     args.begin = f.begin;
@@ -124,10 +118,10 @@ void fill_bshd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, cons
     args.padding = shard.padding.data_ptr<bool>() + offset;
     args.label = shard.labels.data_ptr<int64_t>() + offset;
     args.valid = shard.valid.data_ptr<bool>() + offset;
-#if CPKIT_WITH_CUDA
-    if (on_gpu) kernels::bshd_layout_cuda(args, current_stream(labels));
-#endif
-    if (!on_gpu) kernels::bshd_layout_cpu(args);
+    if (on_gpu)
+      launch_on(labels, [&](void* stream) { kernels::bshd_layout_cuda(args, stream); });
+    else
+      kernels::bshd_layout_cpu(args);
     offset += f.size();
   }
   if (!on_gpu) move_streams(shard, device);

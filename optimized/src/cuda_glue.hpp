@@ -2,11 +2,24 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DeviceGuard.h>
 
 namespace cpkit::detail {
 
 // The current PyTorch CUDA stream of `t`'s device, as a cudaStream_t. Raises without CUDA.
 void* current_stream(const at::Tensor& t);
+
+// Whether this build has cpkit's CUDA kernels. Without them the kernels' *_cuda launchers
+// are stubs (cpu/no_cuda_glue.cpp) that launch_on never reaches.
+bool cuda_kernels_built();
+
+// The one way LibTorch-side code launches a kernel: `launch(stream)` with `t`'s GPU current
+// and its current PyTorch stream. Built without the CUDA kernels, it raises naming the device.
+template <class Launch>
+void launch_on(const at::Tensor& t, Launch&& launch) {
+  const c10::DeviceGuard on_device(t.device());
+  launch(current_stream(t));
+}
 
 // dst.copy_(src) for CUDA tensors [B, n, ...] whose batch rows are each contiguous (any row
 // pitch): one cudaMemcpy2DAsync on the current stream instead of a strided copy kernel.

@@ -2,7 +2,6 @@
 #include "loss_kernel.hpp"
 
 #include <ATen/ATen.h>
-#include <c10/core/DeviceGuard.h>
 
 #include "cpkit/optimized/loss.hpp"
 #include "cuda_glue.hpp"
@@ -26,16 +25,10 @@ void cross_entropy_rows(const at::Tensor& logits, const at::Tensor& targets,
   args.grad = grad.data_ptr<float>();
   args.row_loss = row_loss.data_ptr<float>();
   args.scale = scale.data_ptr<float>();
-  if (logits.is_cuda()) {
-#if CPKIT_WITH_CUDA
-    const c10::DeviceGuard on_device(logits.device());  // launch on the logits' GPU
-    kernels::cross_entropy_cuda(args, current_stream(logits));
-#else
-    current_stream(logits);  // raises: built without the CUDA kernels
-#endif
-  } else {
+  if (logits.is_cuda())
+    launch_on(logits, [&](void* stream) { kernels::cross_entropy_cuda(args, stream); });
+  else
     kernels::cross_entropy_cpu(args);
-  }
   if (fault("nan_without_targets"))  // CP / N without the N == 0 rule
     scale.copy_(static_cast<double>(cp) / count.to(at::kDouble));
 }
@@ -57,14 +50,11 @@ void scale_by_upstream_in_place(const at::Tensor& grad, const at::Tensor& upstre
       grad.mul_(u);
     return;
   }
-#if CPKIT_WITH_CUDA
-  const c10::DeviceGuard on_device(grad.device());
   const at::Tensor u = upstream.to(at::kFloat);  // a no-op for the fp32 loss's upstream
-  kernels::scale_by_upstream_cuda(grad.data_ptr<float>(), grad.numel(), u.data_ptr<float>(),
-                                  current_stream(grad));
-#else
-  current_stream(upstream);  // raises: built without the CUDA kernels
-#endif
+  launch_on(grad, [&](void* stream) {
+    kernels::scale_by_upstream_cuda(grad.data_ptr<float>(), grad.numel(), u.data_ptr<float>(),
+                                    stream);
+  });
 }
 
 }  // namespace cpkit::detail

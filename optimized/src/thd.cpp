@@ -1,7 +1,6 @@
 // THD: seq_lens parsing, one microbatch per packed row, and a rank's streams from the
 // packed_token kernel body (shared with CUDA).
 #include <ATen/Parallel.h>
-#include <c10/core/DeviceGuard.h>
 
 #include "cpkit/optimized/error.hpp"
 #include "cuda_glue.hpp"
@@ -143,7 +142,6 @@ void packed_streams_cpu(const at::Tensor& row_labels, const Sharder::Microbatch&
   }
 }
 
-#if CPKIT_WITH_CUDA
 // The same on the GPU: only the document offsets travel to the device, in one copy that
 // does not block the host (cuda_glue.hpp's upload; not inside CUDA-graph capture).
 void packed_layout_device(const Sharder::Microbatch& mb, const Layout& l, at::Device device,
@@ -157,7 +155,6 @@ void packed_layout_device(const Sharder::Microbatch& mb, const Layout& l, at::De
   shard.document_ids = at::empty({1, l.local_len}, on_device.dtype(at::kLong));
   shard.position_ids = at::empty({1, l.local_len}, on_device.dtype(at::kLong));
   shard.padding = at::empty({1, l.local_len}, on_device.dtype(at::kBool));
-  const c10::DeviceGuard guard(device);  // launch on the shard's GPU
   int64_t offset = 0;
   for (const Fragment& f : l.fragments) {  // one launch per fragment
     kernels::PackedLayoutArgs args{cu.data_ptr<int64_t>(),
@@ -168,11 +165,10 @@ void packed_layout_device(const Sharder::Microbatch& mb, const Layout& l, at::De
                                    shard.document_ids.data_ptr<int64_t>() + offset,
                                    shard.position_ids.data_ptr<int64_t>() + offset,
                                    shard.padding.data_ptr<bool>() + offset};
-    kernels::packed_layout_cuda(args, current_stream(shard.document_ids));
+    launch_on(shard.document_ids, [&](void* stream) { kernels::packed_layout_cuda(args, stream); });
     offset += f.size();
   }
 }
-#endif
 
 }  // namespace
 
@@ -191,12 +187,10 @@ void fill_thd_streams(const CPBatch& batch, const Sharder::Microbatch& mb, const
                       LocalShard& shard) {
   const auto device = batch.labels.device();
   const at::Tensor row_labels = batch.labels.narrow(0, mb.first_row, 1);
-#if CPKIT_WITH_CUDA
-  if (device.is_cuda()) {
+  if (device.is_cuda() && cuda_kernels_built()) {
     packed_layout_device(mb, l, device, shard);
     return labels_and_valid_from_layout(row_labels, l, shard);
   }
-#endif
   // Host pass (without CUDA kernels, CUDA tensors are computed here, then moved).
   packed_streams_cpu(row_labels.squeeze(0).cpu(), mb, l, shard);
   move_streams(shard, device);

@@ -58,14 +58,9 @@ EnvMesh make_mesh_from_env(const EnvMeshOptions& options) {
       "cpkit/cp" + std::to_string(out.cp_size) + "/group" + std::to_string(out.cp_group),
       world_store(env, options.timeout));
   if (options.device.is_cuda()) {
-#if CPKIT_WITH_CUDA
     const int device = options.device.has_index() ? options.device.index() : env.local_rank;
     out.mesh =
         detail::nccl_mesh_over_store(store, out.cp_rank, out.cp_size, device, options.timeout);
-#else
-    raise("device", "is ", options.device,
-          " but cpkit was built without CUDA and NCCL: CUDA meshes are not available");
-#endif
   } else if (options.device.is_cpu()) {
     const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
     out.mesh =
