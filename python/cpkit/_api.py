@@ -10,6 +10,7 @@ import torch
 
 from ._errors import raise_error, translate
 from ._mesh import Mesh, cp_size_and_rank, group_name
+from ._ops import SHARD_STREAMS
 
 BatchValue = Union[torch.Tensor, list, str, None]
 Batch = dict
@@ -20,7 +21,6 @@ _TENSOR_KEYS = (
     "seq_lens_padded",
 )
 _KEYS = _TENSOR_KEYS + ("images", "qkv_format")
-_STREAMS = 9  # tensors per microbatch from torch.ops.cpkit.shard
 
 
 @translate
@@ -158,7 +158,8 @@ class Sharder:
             *(batch.get(key) for key in _TENSOR_KEYS), self.images, qkv_format,
             group_name(mesh), num_chunks, shard_primary, pad_multiple, pad_token_id, layout,
         )
-        self._shards = [flat[i:i + _STREAMS] for i in range(0, len(flat), _STREAMS)]
+        n = len(SHARD_STREAMS)
+        self._shards = [dict(zip(SHARD_STREAMS, flat[i:i + n])) for i in range(0, len(flat), n)]
         self._packed = qkv_format == "thd"
         self._format = qkv_format
         self._offsets: dict[int, dict] = {}
@@ -169,14 +170,15 @@ class Sharder:
 
     def local(self, microbatch: int) -> dict[str, torch.Tensor]:
         """This rank's tensors of one microbatch."""
-        (primary, labels, positions, documents, padding, valid, plan, cu, cu_padded) = \
-            self._shard(microbatch)
-        out = {"labels": labels, "position_ids": positions, "document_ids": documents,
-               "padding": padding, "valid": valid, "layout": plan}
+        shard = self._shard(microbatch)
+        out = {name: shard[name] for name in ("labels", "position_ids", "document_ids",
+                                              "padding", "valid", "layout")}
         if self.shard_primary:
+            primary = shard["primary"]
             out["inputs_embeds" if primary.is_floating_point() else "input_ids"] = primary
         if self._packed:
-            out["cu_seqlens"], out["cu_seqlens_padded"] = cu, cu_padded
+            out["cu_seqlens"], out["cu_seqlens_padded"] = (shard["cu_seqlens"],
+                                                           shard["cu_seqlens_padded"])
             out.update(self.attention_offsets(microbatch))  # always expressible for THD
         return out
 
@@ -209,7 +211,7 @@ class Sharder:
         """``seq_len``, ``padded_len``, ``local_len`` and ``fragments`` (this rank's global
         ``(begin, end)`` ranges, in local order); for the contiguous layout also ``begin`` and
         ``end`` of its one range."""
-        values = torch.ops.cpkit.layout_fragments(self._shard(microbatch)[6], self.rank)
+        values = torch.ops.cpkit.layout_fragments(self._shard(microbatch)["layout"], self.rank)
         out = dict(zip(("seq_len", "padded_len", "local_len"), values[:3]))
         out["fragments"] = list(zip(values[3::2], values[4::2]))
         if self._layout_kind == "contiguous":
@@ -234,7 +236,7 @@ class Sharder:
     def cut_spliced(self, microbatch: int, spliced: torch.Tensor) -> torch.Tensor:
         """The in-forward cut of the model's spliced ``[rows, S, H]`` embeddings (or ids) of
         one microbatch, exactly like every other stream; differentiable for embeddings."""
-        plan = self._shard(microbatch)[6]
+        plan = self._shard(microbatch)["layout"]
         fill = 0.0 if spliced.is_floating_point() else float(self._pad_token_id)
         local_len = self.layout(microbatch)["local_len"]
         return torch.ops.cpkit.cut_spliced(spliced, plan, self.rank, self._rows(), local_len,
@@ -244,7 +246,7 @@ class Sharder:
         """Rows per microbatch: one packed row, or the batch axis split num_chunks ways."""
         return 1 if self._packed else self._batch["labels"].shape[0] // self._num_chunks
 
-    def _shard(self, microbatch: int) -> list:
+    def _shard(self, microbatch: int) -> dict[str, torch.Tensor]:
         if not 0 <= microbatch < self.num_microbatches:
             raise_error("microbatch", f"must be in [0, {self.num_microbatches}), got {microbatch}")
         return self._shards[microbatch]

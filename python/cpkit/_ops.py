@@ -153,6 +153,10 @@ torch.library.register_autograd(
 # ---- sharding: data in, shards out (no autograd); the in-forward cut is differentiable ----
 
 
+# The names of the shard op's tensors per microbatch, in the order csrc/ops.cpp writes them.
+SHARD_STREAMS = tuple(torch.ops.cpkit.shard_streams())
+
+
 @torch.library.register_fake(_LIB + "shard")
 def _shard_fake(
     input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens, seq_lens_padded,
@@ -164,7 +168,7 @@ def _shard_fake(
     rows = 1 if qkv_format == "thd" else batch // num_chunks
     L = _local_length(seq_len, cp_size, rank, pad_multiple, layout)
     ctx = torch.library.get_ctx()
-    out = []
+    out: list = []
     for _ in range(num_chunks):
         if not shard_primary:
             primary = labels.new_empty((0,))
@@ -180,8 +184,11 @@ def _shard_fake(
             offsets = [torch.empty(documents + 1, dtype=torch.long) for _ in range(2)]
         else:
             offsets = [labels.new_empty((0,)) for _ in range(2)]
-        out += [primary, stream, stream.clone(), stream.clone(), flags,
-                labels.new_empty((rows * L,), dtype=torch.bool), plan, *offsets]
+        named = {"primary": primary, "labels": stream, "position_ids": stream.clone(),
+                 "document_ids": stream.clone(), "padding": flags,
+                 "valid": labels.new_empty((rows * L,), dtype=torch.bool), "layout": plan,
+                 "cu_seqlens": offsets[0], "cu_seqlens_padded": offsets[1]}
+        out += [named[name] for name in SHARD_STREAMS]
     return out
 
 

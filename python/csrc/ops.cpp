@@ -6,6 +6,11 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <array>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/gather.hpp"
 #include "cpkit/optimized/linear_loss.hpp"
@@ -156,9 +161,15 @@ Sharder sharder_for(const CPBatch& batch, int64_t cp_size, int64_t rank, int64_t
   return sharder;
 }
 
-// Per microbatch, nine tensors: primary (ids or embeddings; empty when not sharded), labels,
-// position_ids, document_ids, padding, valid, the layout plan (layout_codec.hpp), cu_seqlens,
-// cu_seqlens_padded (empty for BSHD).
+// The shard op's tensors per microbatch, in this order, the one place it is written: Python
+// reads it (shard_streams) to name them. primary: ids or embeddings, empty when not sharded;
+// layout: the plan (layout_codec.hpp); the cu_seqlens pair is empty for BSHD.
+constexpr std::array<const char*, 9> kShardStreams = {
+    "primary", "labels", "position_ids", "document_ids",     "padding",
+    "valid",   "layout", "cu_seqlens",   "cu_seqlens_padded"};
+
+std::vector<std::string> shard_streams_op() { return {kShardStreams.begin(), kShardStreams.end()}; }
+
 std::vector<at::Tensor> shard_op(
     const std::optional<at::Tensor>& input_ids, const std::optional<at::Tensor>& inputs_embeds,
     const at::Tensor& labels, const std::optional<at::Tensor>& position_ids,
@@ -184,10 +195,17 @@ std::vector<at::Tensor> shard_op(
                                  : s.inputs_embeds.defined()
                                      ? fresh(s.inputs_embeds, *inputs_embeds)
                                      : none();
-      out.insert(out.end(),
-                 {primary, fresh(s.labels, labels), s.position_ids, s.document_ids, s.padding,
-                  s.valid, plan_to_tensor(*s.layout.plan), packed ? sharder.cu_seqlens(m) : none(),
-                  packed ? sharder.cu_seqlens_padded(m) : none()});
+      const std::unordered_map<std::string, at::Tensor> named = {
+          {"primary", primary},
+          {"labels", fresh(s.labels, labels)},
+          {"position_ids", s.position_ids},
+          {"document_ids", s.document_ids},
+          {"padding", s.padding},
+          {"valid", s.valid},
+          {"layout", plan_to_tensor(*s.layout.plan)},
+          {"cu_seqlens", packed ? sharder.cu_seqlens(m) : none()},
+          {"cu_seqlens_padded", packed ? sharder.cu_seqlens_padded(m) : none()}};
+      for (const char* name : kShardStreams) out.push_back(named.at(name));
     }
     return out;
   });
@@ -300,6 +318,7 @@ TORCH_LIBRARY(cpkit, m) {
       "Tensor? attention_mask, Tensor? seq_lens, Tensor? seq_lens_padded, Tensor[] images, "
       "str qkv_format, str group_name, int num_chunks, bool shard_primary, int pad_multiple, "
       "int pad_token_id, str layout=\"contiguous\") -> Tensor[]");
+  m.def("shard_streams() -> str[]", &shard_streams_op);  // the names of shard's outputs
   m.def(
       "attention_offsets(Tensor? input_ids, Tensor? inputs_embeds, Tensor labels, "
       "Tensor? position_ids, Tensor? attention_mask, Tensor? seq_lens, Tensor? seq_lens_padded, "
