@@ -8,9 +8,10 @@
 
 namespace cpkit {
 
-CPBatch CPBatch::from_map(const std::unordered_map<std::string, c10::IValue>& values) {
-  CPBatch batch;
-  const std::unordered_map<std::string, at::Tensor CPBatch::*> tensors = {
+namespace {
+
+const std::unordered_map<std::string, at::Tensor CPBatch::*>& tensor_fields() {
+  static const std::unordered_map<std::string, at::Tensor CPBatch::*> fields = {
       {"input_ids", &CPBatch::input_ids},
       {"inputs_embeds", &CPBatch::inputs_embeds},
       {"labels", &CPBatch::labels},
@@ -18,22 +19,47 @@ CPBatch CPBatch::from_map(const std::unordered_map<std::string, c10::IValue>& va
       {"attention_mask", &CPBatch::attention_mask},
       {"seq_lens", &CPBatch::seq_lens},
       {"seq_lens_padded", &CPBatch::seq_lens_padded}};
+  return fields;
+}
+
+BatchValue kind_of(const c10::IValue& value) {
+  if (value.isNone()) return BatchValue::kNone;
+  if (value.isTensor()) return BatchValue::kTensor;
+  if (value.isTensorList()) return BatchValue::kTensorList;
+  if (value.isString()) return BatchValue::kString;
+  return BatchValue::kOther;
+}
+
+}  // namespace
+
+void check_batch_field(const std::string& name, BatchValue kind, const std::string& got) {
+  const BatchValue wanted = tensor_fields().count(name) ? BatchValue::kTensor
+                            : name == "images"          ? BatchValue::kTensorList
+                            : name == "qkv_format"      ? BatchValue::kString
+                                                        : BatchValue::kNone;
+  if (wanted == BatchValue::kNone)
+    raise(name,
+          "is not a CPBatch field (input_ids, inputs_embeds, labels, position_ids, "
+          "attention_mask, seq_lens, seq_lens_padded, images, qkv_format)");
+  if (kind == BatchValue::kNone || kind == wanted) return;
+  raise(name, "must be ",
+        wanted == BatchValue::kTensor       ? "a tensor"
+        : wanted == BatchValue::kTensorList ? "a list of tensors"
+                                            : "a string",
+        ", got ", got);
+}
+
+CPBatch CPBatch::from_map(const std::unordered_map<std::string, c10::IValue>& values) {
+  CPBatch batch;
   for (const auto& [name, value] : values) {
-    if (auto it = tensors.find(name); it != tensors.end()) {
-      if (value.isNone()) continue;
-      if (!value.isTensor()) raise(name, "must be a tensor, got ", value.tagKind());
+    check_batch_field(name, kind_of(value), value.tagKind());
+    if (value.isNone()) continue;
+    if (auto it = tensor_fields().find(name); it != tensor_fields().end())
       batch.*(it->second) = value.toTensor();
-    } else if (name == "images") {
-      if (!value.isTensorList()) raise(name, "must be a list of tensors, got ", value.tagKind());
+    else if (name == "images")
       batch.images = value.toTensorVector();
-    } else if (name == "qkv_format") {
-      if (!value.isString()) raise(name, "must be a string, got ", value.tagKind());
+    else
       batch.qkv_format = value.toStringRef();
-    } else {
-      raise(name,
-            "is not a CPBatch field (input_ids, inputs_embeds, labels, position_ids, "
-            "attention_mask, seq_lens, seq_lens_padded, images, qkv_format)");
-    }
   }
   return batch;
 }
@@ -47,7 +73,7 @@ void check_common(const CPBatch& batch, int cp_size, int num_chunks, const PadOp
   if (batch.input_ids.defined() == batch.inputs_embeds.defined())
     raise("input_ids", "exactly one of input_ids and inputs_embeds must be given, got ",
           batch.input_ids.defined() ? "both" : "neither");
-  require_defined(batch.labels, "labels");
+  if (!batch.labels.defined()) raise("labels", "is missing");
   require_dim(batch.labels, 2, "labels");
   require_dtype(batch.labels, at::kLong, "labels");
   const auto B = batch.labels.size(0), S = batch.labels.size(1);

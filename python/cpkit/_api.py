@@ -15,12 +15,22 @@ from ._ops import SHARD_STREAMS
 BatchValue = Union[torch.Tensor, list, str, None]
 Batch = dict
 
-# The CPBatch keys (docs/spec.md sections 2 and 3).
+# The CPBatch tensors, in the order of the shard op's schema (docs/spec.md sections 2 and 3).
 _TENSOR_KEYS = (
     "input_ids", "inputs_embeds", "labels", "position_ids", "attention_mask", "seq_lens",
     "seq_lens_padded",
 )
-_KEYS = _TENSOR_KEYS + ("images", "qkv_format")
+
+
+def _kind_of(value: BatchValue) -> tuple[str, str]:
+    """A batch value's kind for the library's field check, and its type for the message."""
+    if value is None:
+        return "none", "None"
+    if isinstance(value, torch.Tensor):
+        return "tensor", "Tensor"
+    if isinstance(value, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in value):
+        return "tensor_list", type(value).__name__
+    return ("string" if isinstance(value, str) else "other"), type(value).__name__
 
 
 @translate
@@ -129,25 +139,13 @@ class Sharder:
 
     def __init__(self, batch: Batch, mesh: Mesh, num_chunks: int, shard_primary: bool,
                  pad_multiple: int, pad_token_id: int, qkv_format: str, layout: str) -> None:
-        unknown = sorted(set(batch) - set(_KEYS))
-        if unknown:
-            raise_error(unknown[0], f"is not a CPBatch field ({', '.join(_KEYS)})")
-        for key in _TENSOR_KEYS:
-            if batch.get(key) is not None and not isinstance(batch[key], torch.Tensor):
-                raise_error(key, f"must be a tensor, got {type(batch[key]).__name__}")
-        if batch.get("labels") is None:
+        for key in sorted(batch):  # the library's check of each field (CPBatch)
+            torch.ops.cpkit.check_batch_field(key, *_kind_of(batch[key]))
+        if batch.get("labels") is None:  # the op's schema needs a tensor: the library's words
             raise_error("labels", "is missing")
-        given = batch.get("qkv_format", qkv_format)
-        if given != qkv_format:
-            raise_error("qkv_format", f"this call takes \"{qkv_format}\" batches, got \"{given}\"")
         self.cp_size, self.rank = cp_size_and_rank(mesh)
         self.shard_primary = shard_primary
-        images = batch.get("images")
-        if images is not None and (not isinstance(images, (list, tuple))
-                                   or not all(isinstance(i, torch.Tensor) for i in images)):
-            # The C++ batch's words (CPBatch::from_map); the op's schema takes a tensor list.
-            raise_error("images", f"must be a list of tensors, got {type(images).__name__}")
-        self.images: list = list(images or [])
+        self.images: list = list(batch.get("images") or [])
         self._batch = batch
         self._pad_multiple = pad_multiple
         self._pad_token_id = pad_token_id
@@ -155,8 +153,9 @@ class Sharder:
         self._layout_kind = layout
         # Through the CP group: the ranks check that they shard the same batch.
         flat = torch.ops.cpkit.shard(
-            *(batch.get(key) for key in _TENSOR_KEYS), self.images, qkv_format,
-            group_name(mesh), num_chunks, shard_primary, pad_multiple, pad_token_id, layout,
+            *(batch.get(key) for key in _TENSOR_KEYS), self.images,
+            batch.get("qkv_format", qkv_format), qkv_format == "thd", group_name(mesh),
+            num_chunks, shard_primary, pad_multiple, pad_token_id, layout,
         )
         n = len(SHARD_STREAMS)
         self._shards = [dict(zip(SHARD_STREAMS, flat[i:i + n])) for i in range(0, len(flat), n)]

@@ -160,12 +160,12 @@ SHARD_STREAMS = tuple(torch.ops.cpkit.shard_streams())
 @torch.library.register_fake(_LIB + "shard")
 def _shard_fake(
     input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens, seq_lens_padded,
-    images, qkv_format, group_name, num_chunks, shard_primary, pad_multiple, pad_token_id,
-    layout="contiguous",
+    images, qkv_format, packed, group_name, num_chunks, shard_primary, pad_multiple,
+    pad_token_id, layout="contiguous",
 ):  # type: ignore[no-untyped-def]
     cp_size, rank = _group_size_and_rank(group_name)
     batch, seq_len = labels.shape
-    rows = 1 if qkv_format == "thd" else batch // num_chunks
+    rows = 1 if packed else batch // num_chunks
     L = _local_length(seq_len, cp_size, rank, pad_multiple, layout)
     ctx = torch.library.get_ctx()
     out: list = []
@@ -179,7 +179,7 @@ def _shard_fake(
         stream = labels.new_empty((rows, L))
         flags = labels.new_empty((rows, L), dtype=torch.bool)
         plan = torch.empty(ctx.new_dynamic_size(), dtype=torch.long)  # fragments: data-dependent
-        if qkv_format == "thd":
+        if packed:
             documents = ctx.new_dynamic_size()
             offsets = [torch.empty(documents + 1, dtype=torch.long) for _ in range(2)]
         else:

@@ -95,6 +95,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> shifted_cp_linear_loss_op(
   });
 }
 
+// kind: "none", "tensor", "tensor_list", "string" or "other" (the Python value's kind).
+void check_batch_field_op(const std::string& name, const std::string& kind,
+                          const std::string& got) {
+  checked([&] {
+    const BatchValue k = kind == "none"          ? BatchValue::kNone
+                         : kind == "tensor"      ? BatchValue::kTensor
+                         : kind == "tensor_list" ? BatchValue::kTensorList
+                         : kind == "string"      ? BatchValue::kString
+                                                 : BatchValue::kOther;
+    check_batch_field(name, k, got);
+  });
+}
+
 bool leaves_gradient_as_is_op(const at::Tensor& upstream) {
   return checked([&] { return leaves_gradient_as_is(upstream); });
 }
@@ -137,14 +150,15 @@ CPBatch batch_of(const std::optional<at::Tensor>& input_ids,
   return batch;
 }
 
-Sharder sharder_on(const CPBatch& batch, const MeshPtr& mesh, int64_t num_chunks,
+// `packed`: the caller's function (prepare_packed_cp_inputs or prepare_cp_inputs), which
+// checks the batch's qkv_format.
+Sharder sharder_on(const CPBatch& batch, bool packed, const MeshPtr& mesh, int64_t num_chunks,
                    bool shard_primary, int64_t pad_multiple, int64_t pad_token_id,
                    const std::string& layout) {
   const PadOptions pad{static_cast<int>(pad_multiple), pad_token_id, layout_kind(layout)};
-  return batch.qkv_format == "thd"
-             ? prepare_packed_cp_inputs(batch, mesh, static_cast<int>(num_chunks), shard_primary,
-                                        pad)
-             : prepare_cp_inputs(batch, mesh, static_cast<int>(num_chunks), shard_primary, pad);
+  return packed ? prepare_packed_cp_inputs(batch, mesh, static_cast<int>(num_chunks), shard_primary,
+                                           pad)
+                : prepare_cp_inputs(batch, mesh, static_cast<int>(num_chunks), shard_primary, pad);
 }
 
 // The batch sharded for `cp_size` ranks without communication (attention offsets: computed
@@ -175,16 +189,15 @@ std::vector<at::Tensor> shard_op(
     const at::Tensor& labels, const std::optional<at::Tensor>& position_ids,
     const std::optional<at::Tensor>& attention_mask, const std::optional<at::Tensor>& seq_lens,
     const std::optional<at::Tensor>& seq_lens_padded, at::TensorList images,
-    const std::string& qkv_format, const std::string& group_name, int64_t num_chunks,
+    const std::string& qkv_format, bool packed, const std::string& group_name, int64_t num_chunks,
     bool shard_primary, int64_t pad_multiple, int64_t pad_token_id, const std::string& layout) {
   return checked([&] {
     // Through the mesh: the ranks check that they shard the same batch (sharder.hpp).
     const Sharder sharder =
         sharder_on(batch_of(input_ids, inputs_embeds, labels, position_ids, attention_mask,
                             seq_lens, seq_lens_padded, qkv_format, images.vec()),
-                   mesh_for(group_name, labels.device()), num_chunks, shard_primary, pad_multiple,
-                   pad_token_id, layout);
-    const bool packed = qkv_format == "thd";
+                   packed, mesh_for(group_name, labels.device()), num_chunks, shard_primary,
+                   pad_multiple, pad_token_id, layout);
     const int rank = sharder.rank();
     // A fresh empty tensor for each absent output: outputs never alias each other.
     const auto none = [&] { return at::empty({0}, labels.options()); };
@@ -316,8 +329,10 @@ TORCH_LIBRARY(cpkit, m) {
   m.def(
       "shard(Tensor? input_ids, Tensor? inputs_embeds, Tensor labels, Tensor? position_ids, "
       "Tensor? attention_mask, Tensor? seq_lens, Tensor? seq_lens_padded, Tensor[] images, "
-      "str qkv_format, str group_name, int num_chunks, bool shard_primary, int pad_multiple, "
-      "int pad_token_id, str layout=\"contiguous\") -> Tensor[]");
+      "str qkv_format, bool packed, str group_name, int num_chunks, bool shard_primary, "
+      "int pad_multiple, int pad_token_id, str layout=\"contiguous\") -> Tensor[]");
+  // A batch dict's field through CPBatch's own check (batch.hpp); eager only.
+  m.def("check_batch_field(str name, str kind, str got) -> ()", &check_batch_field_op);
   m.def("shard_streams() -> str[]", &shard_streams_op);  // the names of shard's outputs
   m.def(
       "attention_offsets(Tensor? input_ids, Tensor? inputs_embeds, Tensor labels, "

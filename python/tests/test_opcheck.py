@@ -42,11 +42,11 @@ def shard_opcheck_args(group: str) -> list[tuple]:
     generator = torch.Generator().manual_seed(2)
     labels = torch.randint(0, 9, (4, 7), generator=generator)
     bshd = (torch.randint(1, 9, (4, 7), generator=generator), None, labels, None,
-            torch.ones(4, 7, dtype=torch.long), None, None, [torch.zeros(3, 2, 2)], "bshd", group,
-            2, True, 2, 0, "head_tail")
+            torch.ones(4, 7, dtype=torch.long), None, None, [torch.zeros(3, 2, 2)], "bshd", False,
+            group, 2, True, 2, 0, "head_tail")
     thd = (None, torch.randn(1, 12, 4, generator=generator), labels[:1, :6].repeat(1, 2), None,
-           None, torch.tensor([[4, 0, 5]]), torch.tensor([[5, 1, 5]]), [], "thd", group, 1, True,
-           1, 0, "balanced")
+           None, torch.tensor([[4, 0, 5]]), torch.tensor([[5, 1, 5]]), [], "thd", True, group, 1,
+           True, 1, 0, "balanced")
     return [bshd, thd]
 
 

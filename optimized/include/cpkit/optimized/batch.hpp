@@ -30,6 +30,14 @@ struct CPBatch {
   static CPBatch from_map(const std::unordered_map<std::string, c10::IValue>& values);
 };
 
+// The kind of a value given for a CPBatch field.
+enum class BatchValue { kNone, kTensor, kTensorList, kString, kOther };
+
+// Raises unless `name` is a CPBatch field that takes a value of `kind` (None: any field);
+// `got` describes the value for the message. from_map's check, and the Python package's for
+// a batch dict, so both name a bad field in the same words.
+void check_batch_field(const std::string& name, BatchValue kind, const std::string& got);
+
 // How sequences are padded before the cut and which rank owns which tokens (docs/spec.md
 // sections 2 and 2b).
 struct PadOptions {
