@@ -224,11 +224,10 @@ class Sharder:
 
     def global_primary(self, microbatch: int) -> torch.Tensor:
         """shard_primary=False: the microbatch's global, unpadded ids or embeddings."""
-        self._shard(microbatch)
+        rows = self._rows(microbatch)  # checks the index
         primary = self._batch.get("input_ids")
         if primary is None:
             primary = self._batch["inputs_embeds"]
-        rows = self._rows()
         return primary[microbatch * rows:(microbatch + 1) * rows]
 
     @translate
@@ -238,12 +237,12 @@ class Sharder:
         plan = self._shard(microbatch)["layout"]
         fill = 0.0 if spliced.is_floating_point() else float(self._pad_token_id)
         local_len = self.layout(microbatch)["local_len"]
-        return torch.ops.cpkit.cut_spliced(spliced, plan, self.rank, self._rows(), local_len,
-                                           fill)
+        return torch.ops.cpkit.cut_spliced(spliced, plan, self.rank, self._rows(microbatch),
+                                           local_len, fill)
 
-    def _rows(self) -> int:
-        """Rows per microbatch: one packed row, or the batch axis split num_chunks ways."""
-        return 1 if self._packed else self._batch["labels"].shape[0] // self._num_chunks
+    def _rows(self, microbatch: int) -> int:
+        """The microbatch's rows, as the library cut them (its labels are [rows, L])."""
+        return self._shard(microbatch)["labels"].shape[0]
 
     def _shard(self, microbatch: int) -> dict[str, torch.Tensor]:
         if not 0 <= microbatch < self.num_microbatches:
