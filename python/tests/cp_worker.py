@@ -18,6 +18,7 @@ import cpkit
 from cpkit._mesh import group_name as _group_name
 from test_offsets import masked, varlen
 from test_opcheck import opcheck_shard
+import torchrun_exit
 
 IGNORE = -100
 
@@ -470,4 +471,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    torchrun_exit.run(main)

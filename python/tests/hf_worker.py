@@ -19,6 +19,7 @@ from transformers import (DataCollatorWithFlattening, LlamaConfig, LlamaForCausa
 
 from cpkit.integrations import _hf_attention
 from cpkit.integrations import transformers as cp_hf
+import torchrun_exit
 
 VOCAB = 64
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -130,4 +131,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()
+    torchrun_exit.run(main)
