@@ -46,8 +46,9 @@ if ! compgen -G "$venv/lib/python3*/site-packages/torch-$torch_version.dist-info
 fi
 echo "setup: torch $torch_version present in $venv"
 # The Python package's build backend and test runner, and transformers for the optional
-# Hugging Face integration's tests and example (cpkit[transformers]), pinned, into the same venv.
-python_tools=(scikit-build-core==1.1.2 pytest==9.2.0 transformers==5.25.0)
+# Hugging Face integration's tests and example (cpkit[transformers]), and cut-cross-entropy
+# (a contender in bench/head_bench.py), pinned, into the same venv.
+python_tools=(scikit-build-core==1.1.2 pytest==9.2.0 transformers==5.25.0 cut-cross-entropy==25.1.1)
 for tool in "${python_tools[@]}"; do
   name=${tool%%==*}
   if ! compgen -G "$venv/lib/python3*/site-packages/${name//-/_}-${tool##*==}.dist-info" >/dev/null; then

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""The fused LM head against what a Python user would pick instead, in one run
+(docs/performance.md, "Fused head against Python contenders").
+
+Forward + backward of the shifted next-token loss from hidden [1, T, H] and the head's weight
+[V, H] (float32, gradients for both), each contender in its own process so peak memory is its
+own:
+- gemms: the three GEMMs alone (logits = h W^T, d hidden = dlogits W, d weight = dlogits^T h)
+  into preallocated outputs: the work every contender must do, the bound to approach;
+- cpkit: cpkit.shifted_cp_linear_loss (one rank, default chunk_rows);
+- cce_compile: cut-cross-entropy's linear_cross_entropy(impl="torch_compile", shift=1);
+- eager: F.cross_entropy(F.linear(h, W)) on the shifted targets;
+- checkpointed: 256-row chunks of linear + cross_entropy under torch.utils.checkpoint.
+Time: median of `--repeats` steps after one untimed step. Memory: peak resident set above the
+one after that step (freed memory returned to the OS first, so it counts only what a step
+holds at once; inputs and the weight's gradient from the previous step excluded).
+
+Usage: <torch venv>/bin/python bench/head_bench.py [--T 2048 --H 512 --V 131072] [--out F]
+cut-cross-entropy is an optional bench dependency (pip install cut-cross-entropy==25.1.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+CONTENDERS = ("gemms", "cpkit", "cce_compile", "eager", "checkpointed")
+CHECKPOINT_ROWS = 256
+
+
+def rss_kib(field: str) -> int:
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def inputs(T: int, H: int, V: int):
+    g = torch.Generator().manual_seed(0)
+    hidden = (torch.randn(1, T, H, generator=g) / H**0.5).requires_grad_(True)
+    weight = torch.randn(V, H, generator=g).requires_grad_(True)
+    labels = torch.randint(0, V, (1, T), generator=g)
+    return hidden, weight, labels
+
+
+def step_of(name: str, hidden, weight, labels):
+    """One forward + backward of `name`, returning its loss (or None for the bare GEMMs)."""
+    T, V = labels.shape[1], weight.shape[0]
+    targets = labels[0, 1:]  # position t predicts token t + 1
+    if name == "gemms":
+        h, w = hidden.detach()[0], weight.detach()
+        logits, dh, dw = torch.empty(T, V), torch.empty_like(h), torch.empty_like(w)
+
+        def gemms():
+            torch.mm(h, w.t(), out=logits)
+            torch.mm(logits, w, out=dh)  # d logits stands in for the softmax gradient
+            torch.mm(logits.t(), h, out=dw)
+
+        return gemms
+    if name == "cpkit":
+        import cpkit
+
+        valid = torch.ones(T, dtype=torch.bool)
+        loss_of = lambda: cpkit.shifted_cp_linear_loss(hidden, weight, labels, valid)  # noqa: E731
+    elif name == "cce_compile":
+        from cut_cross_entropy import linear_cross_entropy
+
+        loss_of = lambda: linear_cross_entropy(hidden[0], weight, labels[0], shift=1,  # noqa: E731
+                                               impl="torch_compile")
+    elif name == "eager":
+        loss_of = lambda: F.cross_entropy(F.linear(hidden[0, :-1], weight), targets)  # noqa: E731
+    elif name == "checkpointed":
+        def chunk(h, w, y):
+            return F.cross_entropy(F.linear(h, w), y, reduction="sum")
+
+        def loss_of():
+            rows = hidden[0, :-1]
+            total = sum(checkpoint(chunk, rows[b:b + CHECKPOINT_ROWS], weight,
+                                   targets[b:b + CHECKPOINT_ROWS], use_reentrant=False)
+                        for b in range(0, T - 1, CHECKPOINT_ROWS))
+            return total / (T - 1)
+    else:
+        raise ValueError(f"unknown contender {name!r}; one of {CONTENDERS}")
+
+    def step():
+        hidden.grad = weight.grad = None
+        loss = loss_of()
+        loss.backward()
+        return loss
+
+    return step
+
+
+def measure(name: str, T: int, H: int, V: int, repeats: int) -> dict:
+    hidden, weight, labels = inputs(T, H, V)
+    step = step_of(name, hidden, weight, labels)
+    first = step()  # untimed: compilation, caches
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    base = rss_kib("VmRSS")
+    pathlib.Path("/proc/self/clear_refs").write_text("5")  # restart VmHWM from here
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        samples.append(time.perf_counter() - start)
+    out = {"seconds": statistics.median(samples), "peak_mib": (rss_kib("VmHWM") - base) / 1024}
+    if first is not None:
+        out["loss"] = float(first.detach())
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--T", type=int, default=2048)
+    parser.add_argument("--H", type=int, default=512)
+    parser.add_argument("--V", type=int, default=131072)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=pathlib.Path)
+    parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    shape = (args.T, args.H, args.V)
+    if args.contender:  # a child: one contender, one JSON line
+        print(json.dumps(measure(args.contender, *shape, args.repeats)))
+        return
+    results = {"T": args.T, "H": args.H, "V": args.V, "threads": torch.get_num_threads(),
+               "flops_3_gemms": 3 * 2 * args.T * args.H * args.V}
+    for name in CONTENDERS:
+        child = subprocess.run([sys.executable, __file__, "--contender", name, "--T", str(args.T),
+                                "--H", str(args.H), "--V", str(args.V), "--repeats",
+                                str(args.repeats)], capture_output=True, text=True)
+        if child.returncode != 0:  # a missing optional contender is reported, not fatal
+            results[name] = {"error": child.stderr.strip().splitlines()[-1]}
+            print(name, results[name], flush=True)
+            continue
+        results[name] = json.loads(child.stdout.splitlines()[-1])
+        print(name, results[name], flush=True)
+    gemm_s = results["gemms"].get("seconds")
+    for name in CONTENDERS[1:]:
+        entry = results[name]
+        if "seconds" in entry and gemm_s:
+            entry["gemm_fraction"] = gemm_s / entry["seconds"]  # share of the GEMM-bound speed
+        if "seconds" in entry and "seconds" in results["cce_compile"]:
+            entry["time_vs_cce"] = entry["seconds"] / results["cce_compile"]["seconds"]
+            entry["memory_vs_cce"] = entry["peak_mib"] / results["cce_compile"]["peak_mib"]
+    text = json.dumps(results, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
