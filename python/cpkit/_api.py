@@ -151,16 +151,16 @@ class Sharder:
         self._pad_token_id = pad_token_id
         self._num_chunks = num_chunks
         self._layout_kind = layout
+        self._packed = qkv_format == "thd"
+        self._format = qkv_format
         # Through the CP group: the ranks check that they shard the same batch.
         flat = torch.ops.cpkit.shard(
             *(batch.get(key) for key in _TENSOR_KEYS), self.images,
-            batch.get("qkv_format", qkv_format), qkv_format == "thd", group_name(mesh),
+            batch.get("qkv_format", qkv_format), self._packed, group_name(mesh),
             num_chunks, shard_primary, pad_multiple, pad_token_id, layout,
         )
         n = len(SHARD_STREAMS)
         self._shards = [dict(zip(SHARD_STREAMS, flat[i:i + n])) for i in range(0, len(flat), n)]
-        self._packed = qkv_format == "thd"
-        self._format = qkv_format
         self._offsets: dict[int, dict] = {}
 
     @property
