@@ -17,9 +17,10 @@ enum class Input : std::uint64_t {
   kKey,
   kValue,
   kAttentionGrad,
-  kLayout,      // memory layouts of non-contiguous inputs and gradients
-  kHidden,      // the LM head's input hidden states (index: microbatch)
-  kHeadWeight,  // the LM head's weight [V, H]
+  kLayout,       // memory layouts of non-contiguous inputs and gradients
+  kHidden,       // the LM head's input hidden states (index: microbatch)
+  kHeadWeight,   // the LM head's weight [V, H]
+  kLogprobGrad,  // token_logprobs' upstream gradients (index: microbatch)
 };
 
 // splitmix64 of (seed, input, index): distinct streams for distinct inputs.

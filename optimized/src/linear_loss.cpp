@@ -8,9 +8,9 @@
 
 #include <algorithm>
 
+#include "head_gemms.hpp"
 #include "loss_kernel.hpp"
 #include "loss_targets.hpp"
-#include "tensor_checks.hpp"
 
 namespace cpkit {
 
@@ -23,64 +23,14 @@ constexpr int64_t kCudaChunkBytes = int64_t{1} << 30;
 constexpr int64_t kCpuMaxChunkRows = 256;
 constexpr int64_t kChunkRowMultiple = 64;  // whole tiles for the matmuls
 
-void check_linear_inputs(const at::Tensor& hidden, const at::Tensor& weight,
-                         const LinearLossOptions& options) {
-  if (options.chunk_rows < 0)
-    raise("chunk_rows", "must be >= 0 (0: the default), got ", options.chunk_rows);
-  detail::check_softcap(options.softcap);
-  detail::require_defined(hidden, "hidden");
-  detail::require_defined(weight, "weight");
-  detail::require_dim(hidden, 3, "hidden");
-  detail::require_dim(weight, 2, "weight");
-  if (hidden.scalar_type() != at::kFloat && hidden.scalar_type() != at::kBFloat16)
-    raise("hidden", "must be float32 or bfloat16, got ", hidden.scalar_type());
-  if (weight.scalar_type() != hidden.scalar_type())
-    raise("weight", "dtype ", weight.scalar_type(), " differs from hidden's ",
-          hidden.scalar_type());
-  if (weight.device() != hidden.device())
-    raise("weight", "is on ", weight.device(), " but hidden is on ", hidden.device());
-  if (hidden.size(0) == 0 || hidden.size(1) == 0)
-    raise("hidden", "empty batch: shape ", detail::shape_of(hidden));
-  if (hidden.size(2) == 0) raise("hidden", "has no features: shape ", detail::shape_of(hidden));
-  if (weight.size(1) != hidden.size(2))
-    raise("weight", "must be [V, H] with H = ", hidden.size(2), " (hidden's last dimension), got ",
-          detail::shape_of(weight));
-  if (weight.size(0) < 2) raise("weight", "vocabulary size must be >= 2, got ", weight.size(0));
-}
-
-int64_t chunk_rows_of(const LinearLossOptions& options, int64_t vocab, int64_t rows, bool cuda) {
-  return options.chunk_rows > 0 ? std::min(options.chunk_rows, rows)
-                                : default_linear_loss_chunk_rows(vocab, rows, cuda);
-}
-
-// grad_weight (fp32) = or += g^T h. bf16 g and h: products and sums in fp32, never rounded
-// to bf16 between chunks; on CUDA one bf16 tensor-core GEMM with fp32 output (an fp32 GEMM of
-// upcast copies runs ~10x slower there), on the CPU the same values through an fp32 GEMM.
-void accumulate_grad_weight(at::Tensor& grad_weight, const at::Tensor& g, const at::Tensor& h,
-                            bool first) {
-  if (g.scalar_type() == at::kFloat || !g.is_cuda()) {
-    const at::Tensor g32 = g.to(at::kFloat), h32 = h.to(at::kFloat);
-    if (first)
-      at::mm_out(grad_weight, g32.t(), h32);
-    else
-      grad_weight.addmm_(g32.t(), h32);
-  } else if (first) {
-    at::mm_out(grad_weight, g.t(), h, at::kFloat);
-  } else {
-    at::addmm_out(grad_weight, grad_weight, g.t(), h, at::kFloat);
-  }
-}
-
 LinearLossWithGrad fused_linear_loss(const at::Tensor& hidden, const at::Tensor& weight,
                                      const detail::Targets& t, int64_t cp,
                                      const LinearLossOptions& options, LinearLossGrads want) {
   const int64_t H = hidden.size(2), V = weight.size(0), rows = t.targets.numel();
-  const bool fp32 = hidden.scalar_type() == at::kFloat;
-  const at::Tensor h_all = hidden.reshape({rows, H});
-  const at::Tensor w_t = weight.t();
+  const detail::HeadGemms head(hidden.reshape({rows, H}), weight, options.logits_precision);
   const at::Tensor targets = t.targets.reshape({rows});
   const auto f32 = hidden.options().dtype(at::kFloat);
-  const int64_t chunk = chunk_rows_of(options, V, rows, hidden.is_cuda());
+  const int64_t chunk = detail::head_chunk_rows(options.chunk_rows, V, rows, hidden.is_cuda());
   at::Tensor logits_buffer = at::empty({chunk, V}, f32);
   at::Tensor row_loss = at::empty({rows}, f32);
   at::Tensor scale = at::empty({1}, f32);
@@ -90,27 +40,19 @@ LinearLossWithGrad fused_linear_loss(const at::Tensor& hidden, const at::Tensor&
   at::Tensor grad_weight = want.weight ? at::empty({V, H}, f32) : at::Tensor();
   for (int64_t begin = 0; begin < rows; begin += chunk) {
     const int64_t n = std::min(chunk, rows - begin);
-    const at::Tensor h = h_all.narrow(0, begin, n);
-    at::Tensor z = logits_buffer.narrow(0, 0, n);
-    if (fp32)
-      at::mm_out(z, h, w_t);
-    else
-      z.copy_(at::mm(h, w_t));  // the bf16 head's logits, then fp32 (HF's logits.float())
+    const at::Tensor z = logits_buffer.narrow(0, 0, n);
+    head.logits(begin, z);
     detail::cross_entropy_rows(z, targets.narrow(0, begin, n), t.count, cp, options.softcap, z,
                                row_loss.narrow(0, begin, n), scale);
-    // z now holds d loss / d logits of these rows. A bf16 head's matmuls take it rounded to
-    // bf16, as autograd of HF's logits.float() hands it to the head's matmul.
-    const at::Tensor g = fp32 ? z : z.to(weight.scalar_type());
-    if (want.hidden) {
-      at::Tensor out = grad_hidden.narrow(0, begin, n);
-      at::mm_out(out, g, weight);
-    }
-    if (want.weight) accumulate_grad_weight(grad_weight, g, h, begin == 0);
+    // z now holds d loss / d logits of these rows.
+    const at::Tensor g = head.gradient_operand(z);
+    if (want.hidden) head.grad_hidden(g, grad_hidden.narrow(0, begin, n));
+    if (want.weight) head.accumulate_grad_weight(grad_weight, g, begin, begin == 0);
   }
   LinearLossWithGrad out;
   out.loss = detail::scaled_loss(row_loss, scale);
   if (want.hidden) out.grad_hidden = grad_hidden.view(hidden.sizes());
-  if (want.weight) out.grad_weight = fp32 ? grad_weight : grad_weight.to(weight.scalar_type());
+  if (want.weight) out.grad_weight = grad_weight.to(weight.scalar_type());
   return out;
 }
 
@@ -139,7 +81,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
 detail::Targets prepare_linear(const at::Tensor& hidden, const at::Tensor& weight,
                                const at::Tensor& labels, const at::Tensor& valid,
                                const MeshPtr& mesh, const LinearLossOptions& options) {
-  check_linear_inputs(hidden, weight, options);
+  detail::check_head_inputs(hidden, weight, options.softcap, options.chunk_rows);
   return detail::prepare_targets(labels, valid, hidden, "hidden", weight.size(0), "weight", mesh,
                                  options.layout.get());
 }

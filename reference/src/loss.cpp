@@ -10,9 +10,6 @@ namespace cpkit::reference {
 
 namespace {
 
-// The target of one predicting position: a class id, or none.
-using Target = std::optional<std::int64_t>;
-
 // Adds d(scale * CE)/d logits into `grad` and returns CE for one row of V logits.
 double cross_entropy_row(const float* logits, Eigen::Index vocab, std::int64_t target,
                          double softcap, double scale, float* grad) {
@@ -100,6 +97,46 @@ std::vector<std::vector<Target>> layout_targets(const std::vector<IntMatrix>& la
 
 }  // namespace
 
+void check_shifted_labels(const std::vector<IntMatrix>& labels,
+                          const std::vector<BoolVector>& valid, Eigen::Index vocab) {
+  const auto B = labels[0].rows();
+  const auto L = labels[0].cols();
+  for (std::size_t r = 0; r < labels.size(); ++r) {
+    if (labels[r].rows() != B || labels[r].cols() != L)
+      raise("labels", "rank ", r, " has shape [", labels[r].rows(), ", ", labels[r].cols(),
+            "] but rank 0 has [", B, ", ", L, "]");
+    if (valid[r].size() != B * L)
+      raise("valid", "rank ", r, " has ", valid[r].size(), " entries but B * L = ", B * L);
+    const std::string where = " of rank " + std::to_string(r);
+    check_label_range(labels[r], vocab, where.c_str());
+    for (Eigen::Index i = 0; i < B * L; ++i)
+      if (valid[r](i) && labels[r](i / L, i % L) == kIgnoreLabel)
+        raise("valid", "rank ", r, " marks token ", i, " valid but its label is -100");
+  }
+}
+
+std::vector<std::vector<Target>> shifted_targets(const std::vector<IntMatrix>& labels,
+                                                 const std::vector<BoolVector>& valid,
+                                                 const LayoutPositions& layout) {
+  if (!layout.empty()) return layout_targets(labels, valid, layout);
+  // Local label j + 1, or the next rank's first label at the boundary.
+  const auto cp = labels.size();
+  const auto B = labels[0].rows(), L = labels[0].cols();
+  std::vector<std::vector<Target>> targets(cp);
+  for (std::size_t r = 0; r < cp; ++r)
+    for (Eigen::Index b = 0; b < B; ++b)
+      for (Eigen::Index j = 0; j < L; ++j) {
+        Target target;
+        if (j + 1 < L) {
+          if (valid[r](b * L + j + 1)) target = labels[r](b, j + 1);
+        } else if (r + 1 < cp) {
+          if (valid[r + 1](b * L)) target = labels[r + 1](b, 0);
+        }
+        targets[r].push_back(target);
+      }
+  return targets;
+}
+
 std::vector<RankLoss> shifted_cp_loss(const std::vector<FloatMatrix>& logits,
                                       const std::vector<IntMatrix>& labels,
                                       const std::vector<BoolVector>& valid,
@@ -114,43 +151,16 @@ std::vector<RankLoss> shifted_cp_loss(const std::vector<FloatMatrix>& logits,
   const auto V = logits[0].cols();
   check_vocab(V);
   check_softcap(options.softcap);
-  for (std::size_t r = 0; r < cp; ++r) {
-    if (labels[r].rows() != B || labels[r].cols() != L)
-      raise("labels", "rank ", r, " has shape [", labels[r].rows(), ", ", labels[r].cols(),
-            "] but rank 0 has [", B, ", ", L, "]");
+  for (std::size_t r = 0; r < cp; ++r)
     if (logits[r].rows() != B * L || logits[r].cols() != V)
       raise("logits", "rank ", r, " has shape [", logits[r].rows(), ", ", logits[r].cols(),
             "] but [B * L, V] = [", B * L, ", ", V, "] is required");
-    if (valid[r].size() != B * L)
-      raise("valid", "rank ", r, " has ", valid[r].size(), " entries but B * L = ", B * L);
-    const std::string where = " of rank " + std::to_string(r);
-    check_label_range(labels[r], V, where.c_str());
-    for (Eigen::Index i = 0; i < B * L; ++i)
-      if (valid[r](i) && labels[r](i / L, i % L) == kIgnoreLabel)
-        raise("valid", "rank ", r, " marks token ", i, " valid but its label is -100");
-  }
+  check_shifted_labels(labels, valid, V);
 
-  // Targets per rank: local label j + 1, or the next rank's first label at the boundary.
-  std::vector<std::vector<Target>> targets(cp);
+  const std::vector<std::vector<Target>> targets = shifted_targets(labels, valid, options.layout);
   std::int64_t global_targets = 0;
-  if (!options.layout.empty()) {
-    targets = layout_targets(labels, valid, options.layout);
-    for (const auto& rank_targets : targets)
-      for (const auto& t : rank_targets) global_targets += t ? 1 : 0;
-  }
-  for (std::size_t r = 0; r < cp && options.layout.empty(); ++r) {
-    for (Eigen::Index b = 0; b < B; ++b)
-      for (Eigen::Index j = 0; j < L; ++j) {
-        Target target;
-        if (j + 1 < L) {
-          if (valid[r](b * L + j + 1)) target = labels[r](b, j + 1);
-        } else if (r + 1 < cp) {
-          if (valid[r + 1](b * L)) target = labels[r + 1](b, 0);
-        }
-        targets[r].push_back(target);
-        if (target) ++global_targets;
-      }
-  }
+  for (const auto& rank_targets : targets)
+    for (const auto& t : rank_targets) global_targets += t ? 1 : 0;
 
   std::vector<RankLoss> out(cp);
   const double scale = global_targets > 0 ? static_cast<double>(cp) / global_targets : 0.0;

@@ -19,6 +19,7 @@
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/process_group.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "cpkit/optimized/token_logprobs.hpp"
 
 namespace cpkit {
 namespace {
@@ -96,6 +97,11 @@ at::Tensor loss_input(const json& c, const std::string& name) {
   return tensor_of(set.contains(name) ? set.at(name) : table().at("loss").at(name));
 }
 
+at::Tensor head_input(const json& c, const std::string& name) {
+  const json& set = c.value("set", json::object());
+  return tensor_of(set.contains(name) ? set.at(name) : table().at("head").at(name));
+}
+
 double number_of(const json& v) {
   if (!v.is_string()) return v.get<double>();
   const std::string s = v.get<std::string>();
@@ -124,6 +130,13 @@ void run(const json& c) {
   if (call == "shifted_cp_loss") {
     shifted_cp_loss(loss_input(c, "logits"), loss_input(c, "labels"), loss_input(c, "valid"),
                     nullptr, {.softcap = number_of(c.value("softcap", json(0.0)))});
+  } else if (call == "token_logprobs") {
+    token_logprobs(
+        head_input(c, "hidden"), head_input(c, "weight"), head_input(c, "labels"),
+        head_input(c, "valid"), nullptr,
+        {.softcap = number_of(c.value("softcap", json(0.0))),
+         .temperature = number_of(c.value("temperature", json(1.0))),
+         .logits_precision = parse_logits_precision(c.value("logits_precision", "fp32"))});
   } else if (call == "scale_loss_gradient_") {
     scale_loss_gradient_(tensor_of(c.at("grad_logits")), tensor_of(c.at("upstream")));
   } else if (call == "gather_tokens") {

@@ -6,6 +6,7 @@
 #include "kernels/bshd_layout.hpp"
 #include "kernels/cross_entropy_launch.hpp"
 #include "kernels/packed_layout_launch.hpp"
+#include "kernels/token_logprobs_launch.hpp"
 #include "kernels/upstream_scale.hpp"
 
 namespace cpkit {
@@ -22,6 +23,12 @@ namespace kernels {
 void cross_entropy_cuda(const CrossEntropyArgs&, void*) { no_cuda_kernels("cross_entropy_cuda"); }
 void packed_layout_cuda(const PackedLayoutArgs&, void*) { no_cuda_kernels("packed_layout_cuda"); }
 void bshd_layout_cuda(const BshdLayoutArgs&, void*) { no_cuda_kernels("bshd_layout_cuda"); }
+void token_logprobs_forward_cuda(const TokenLogprobsArgs&, void*) {
+  no_cuda_kernels("token_logprobs_forward_cuda");
+}
+void token_logprobs_backward_cuda(const TokenLogprobsArgs&, void*) {
+  no_cuda_kernels("token_logprobs_backward_cuda");
+}
 void scale_by_upstream_cuda(float*, std::int64_t, const float*, void*) {
   no_cuda_kernels("scale_by_upstream_cuda");
 }

@@ -10,12 +10,15 @@
 
 #include "cpkit/optimized/communicator.hpp"
 #include "cpkit/optimized/layout.hpp"
+#include "cpkit/optimized/logits_precision.hpp"
 
 namespace cpkit {
 
 struct LinearLossOptions {
   double softcap = 0.0;    // > 0: the loss sees c * tanh(z / c), as in LossOptions
   int64_t chunk_rows = 0;  // token rows per chunk; 0: default_linear_loss_chunk_rows
+  // A bf16 head's logits: rounded to bf16 (HF's eager numerics, the default) or kept fp32.
+  LogitsPrecision logits_precision = LogitsPrecision::kInput;
   std::shared_ptr<const LayoutPlan> layout = nullptr;  // as in LossOptions; none: contiguous
 };
 
@@ -26,12 +29,12 @@ struct LinearLossOptions {
 int64_t default_linear_loss_chunk_rows(int64_t vocab, int64_t rows, bool cuda);
 
 // Returns what shifted_cp_loss(logits, labels, valid, mesh, {softcap}) returns for logits =
-// hidden @ weight^T (computed in hidden's dtype, then fp32), with gradients for hidden and
-// weight. hidden [B, L, H] and weight [V, H]: float32 or bfloat16, the same dtype and device;
-// labels [B, L] int64 unshifted; valid [B * L] bool. The boundary target and the global
-// count are exchanged once per call. Statistics, the loss and the weight gradient's
-// accumulator are fp32; bf16 gradients are rounded once at the end (weight) or per chunk
-// (hidden, a bf16 matmul of the fp32 logit gradient rounded to bf16).
+// hidden @ weight^T (computed in hidden's dtype, then fp32; under LogitsPrecision::kFp32 in
+// fp32 throughout), with gradients for hidden and weight. hidden [B, L, H] and weight [V, H]:
+// float32 or bfloat16, the same dtype and device; labels [B, L] int64 unshifted; valid [B * L]
+// bool. The boundary target and the global count are exchanged once per call. Statistics, the loss
+// and the weight gradient's accumulator are fp32; bf16 gradients are rounded once at the end
+// (weight) or per chunk (hidden, a bf16 matmul of the fp32 logit gradient rounded to bf16).
 at::Tensor shifted_cp_linear_loss(const at::Tensor& hidden, const at::Tensor& weight,
                                   const at::Tensor& labels, const at::Tensor& valid,
                                   const MeshPtr& mesh, const LinearLossOptions& options = {});

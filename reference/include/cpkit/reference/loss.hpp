@@ -1,6 +1,8 @@
 // shifted_cp_loss (SPEC 5) and the single-device truth it must reproduce.
 #pragma once
 
+#include <optional>
+
 #include "cpkit/reference/layout.hpp"
 #include "cpkit/reference/types.hpp"
 
@@ -14,6 +16,22 @@ struct LossOptions {
   // by a layout other than "contiguous"; empty: contiguous.
   LayoutPositions layout = {};
 };
+
+// The target of one predicting position: a class id, or none.
+using Target = std::optional<std::int64_t>;
+
+// labels [B, L] and valid [B * L] of every rank: the same shape on each, labels in [0, vocab)
+// or -100, no valid bit on a -100 label.
+void check_shifted_labels(const std::vector<IntMatrix>& labels,
+                          const std::vector<BoolVector>& valid, Eigen::Index vocab);
+
+// Every rank's targets, [B * L] each (row-major): position j of row b predicts the counted
+// label at the next global position (the next local one, the next rank's first at the
+// boundary, or, with a layout, wherever that position lives); none past the sequence's end.
+// labels and valid as for shifted_cp_loss, already checked.
+std::vector<std::vector<Target>> shifted_targets(const std::vector<IntMatrix>& labels,
+                                                 const std::vector<BoolVector>& valid,
+                                                 const LayoutPositions& layout);
 
 struct RankLoss {
   double value = 0.0;               // local_sum * CP / N, 0 when N == 0

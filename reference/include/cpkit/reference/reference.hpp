@@ -9,4 +9,5 @@
 #include "cpkit/reference/loss.hpp"
 #include "cpkit/reference/offsets.hpp"
 #include "cpkit/reference/sharder.hpp"
+#include "cpkit/reference/token_logprobs.hpp"
 #include "cpkit/reference/types.hpp"
