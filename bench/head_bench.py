@@ -8,6 +8,8 @@ own:
 - gemms: the three GEMMs alone (logits = h W^T, d hidden = dlogits W, d weight = dlogits^T h)
   into preallocated outputs: the work every contender must do, the bound to approach;
 - cpkit: cpkit.shifted_cp_linear_loss (one rank, default chunk_rows);
+- cpkit_logprobs: cpkit.token_logprobs (default fp32 precision), the loss as minus the mean
+  of the per-token log-probabilities (its backward recomputes the logits: four GEMMs);
 - cce_compile: cut-cross-entropy's linear_cross_entropy(impl="torch_compile", shift=1);
 - eager: F.cross_entropy(F.linear(h, W)) on the shifted targets;
 - checkpointed: 256-row chunks of linear + cross_entropy under torch.utils.checkpoint.
@@ -35,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-CONTENDERS = ("gemms", "cpkit", "cce_compile", "eager", "checkpointed")
+CONTENDERS = ("gemms", "cpkit", "cpkit_logprobs", "cce_compile", "eager", "checkpointed")
 CHECKPOINT_ROWS = 256
 
 
@@ -73,6 +75,12 @@ def step_of(name: str, hidden, weight, labels):
 
         valid = torch.ones(T, dtype=torch.bool)
         loss_of = lambda: cpkit.shifted_cp_linear_loss(hidden, weight, labels, valid)  # noqa: E731
+    elif name == "cpkit_logprobs":
+        import cpkit
+
+        valid = torch.ones(T, dtype=torch.bool)
+        loss_of = lambda: -cpkit.token_logprobs(  # noqa: E731
+            hidden, weight, labels, valid).logprobs.sum() / (T - 1)
     elif name == "cce_compile":
         from cut_cross_entropy import linear_cross_entropy
 

@@ -4,7 +4,9 @@ One sequence is cut into contiguous shards, one per CP rank. ``prepare_cp_inputs
 ``prepare_packed_cp_inputs`` give each rank its tensors (positions and document ids taken
 before the cut), ``gather_tokens`` moves keys and values between ranks with correct
 gradients, and ``shifted_cp_loss`` is HF's shifted next-token loss across shard boundaries,
-scaled CP / N_global; ``shifted_cp_linear_loss`` fuses the LM head into it. Every operation is the C++ library's, registered as
+scaled CP / N_global; ``shifted_cp_linear_loss`` fuses the LM head into it, and
+``token_logprobs`` gives each token's log-probability and entropy through the head (for RL
+losses). Every operation is the C++ library's, registered as
 ``torch.ops.cpkit.*`` (see docs/python.md).
 """
 
@@ -19,6 +21,7 @@ torch.ops.load_library(str(pathlib.Path(__file__).with_name("_C.so")))
 from . import _ops  # noqa: E402,F401  (autograd and fake kernels)
 from ._api import (  # noqa: E402
     Sharder,
+    TokenLogprobs,
     gather_tokens,
     prepare_cp_inputs,
     prepare_packed_cp_inputs,
@@ -26,12 +29,14 @@ from ._api import (  # noqa: E402
     set_value_checks,
     shifted_cp_linear_loss,
     shifted_cp_loss,
+    token_logprobs,
 )
 from ._errors import CPError  # noqa: E402
 
 __all__ = [
     "CPError",
     "Sharder",
+    "TokenLogprobs",
     "gather_tokens",
     "prepare_cp_inputs",
     "prepare_packed_cp_inputs",
@@ -39,5 +44,6 @@ __all__ = [
     "set_value_checks",
     "shifted_cp_linear_loss",
     "shifted_cp_loss",
+    "token_logprobs",
 ]
 __version__ = "0.1.0"

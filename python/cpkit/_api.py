@@ -4,7 +4,7 @@ for the CP group)."""
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 
@@ -93,6 +93,7 @@ def shifted_cp_linear_loss(
     softcap: float = 0.0,
     chunk_rows: int = 0,
     layout: Optional[torch.Tensor] = None,
+    logits_precision: str = "input",
 ) -> torch.Tensor:
     """The LM head fused into :func:`shifted_cp_loss`: never materialises ``[B, L, V]``.
 
@@ -103,14 +104,59 @@ def shifted_cp_linear_loss(
     ``chunk_rows`` token rows at a time (0: as many as fit 256 MiB of fp32 logits and at
     most 256 rows on CPU, 1 GiB on CUDA). Peak extra memory is about one chunk of logits,
     whatever ``L`` is. A gradient is computed only for an input that requires one.
-    ``layout`` as for :func:`shifted_cp_loss`.
+    ``layout`` as for :func:`shifted_cp_loss`. ``logits_precision``: ``"input"`` (bf16 heads
+    round their logits to bf16, HF's eager numerics) or ``"fp32"`` (the GEMMs' fp32 sums kept).
     """
     grad_on = torch.is_grad_enabled()
     loss, _, _ = torch.ops.cpkit.shifted_cp_linear_loss(
         hidden, weight, labels, valid, group_name(mesh), float(softcap), int(chunk_rows),
         grad_on and hidden.requires_grad, grad_on and weight.requires_grad, layout,
+        str(logits_precision),
     )
     return loss
+
+
+class TokenLogprobs(NamedTuple):
+    """Per-token values of :func:`token_logprobs`, ``[B, L]`` in the shard's order."""
+
+    logprobs: torch.Tensor  # float32, 0 where there is no target
+    entropy: Optional[torch.Tensor]  # float32 when asked for
+    has_target: torch.Tensor  # bool
+
+
+@translate
+def token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    valid: torch.Tensor,
+    mesh: Mesh = None,
+    softcap: float = 0.0,
+    temperature: float = 1.0,
+    entropy: bool = False,
+    logits_precision: str = "fp32",
+    chunk_rows: int = 0,
+    layout: Optional[torch.Tensor] = None,
+) -> TokenLogprobs:
+    """Each position's log-probability of its next token (and the entropy of its
+    distribution) through the LM head, across CP shard boundaries, never building
+    ``[B, L, V]``: what RL losses (GRPO, PPO, DPO) are made of.
+
+    Inputs as for :func:`shifted_cp_linear_loss`; position ``j`` predicts the same target as
+    there (the next global position's label). ``z = softcap(hidden @ weight.T) / temperature``;
+    ``logprobs = log_softmax(z)[target]``, ``entropy = -sum softmax(z) log_softmax(z)``; 0 and
+    ``has_target == False`` where there is no counted target. No reduction and no CP scale.
+    Differentiable in ``hidden`` and ``weight`` for any function of the values (the backward
+    recomputes the logits a chunk at a time). ``logits_precision="fp32"`` (the default) keeps a
+    bf16 head's products and sums in fp32 (an fp32 copy of the head per call); ``"input"``
+    rounds logits to bf16 as HF's eager path does. :func:`restore_order` puts the values in
+    global order.
+    """
+    lp, ent, has, _, _ = torch.ops.cpkit.token_logprobs(
+        hidden, weight, labels, valid, group_name(mesh), float(softcap), float(temperature),
+        bool(entropy), str(logits_precision), int(chunk_rows), layout,
+    )
+    return TokenLogprobs(lp, ent if entropy else None, has)
 
 
 @translate

@@ -113,7 +113,8 @@ torch.library.register_autograd(
 
 @torch.library.register_fake(_LIB + "shifted_cp_linear_loss")
 def _linear_loss_fake(hidden, weight, labels, valid, group_name, softcap, chunk_rows,
-                      grad_hidden, grad_weight, layout=None):  # type: ignore[no-untyped-def]
+                      grad_hidden, grad_weight, layout=None,
+                      logits_precision="input"):  # type: ignore[no-untyped-def]
     dh = torch.empty_like(hidden) if grad_hidden else hidden.new_empty((0,))
     dw = torch.empty_like(weight) if grad_weight else weight.new_empty((0,))
     return hidden.new_empty((), dtype=torch.float32), dh, dw
@@ -136,7 +137,7 @@ def _times_upstream(grad: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
 
 def _linear_loss_backward(ctx: Any, grad_loss: torch.Tensor, _dh: Any, _dw: Any) -> tuple:
     dh, dw = ctx.saved_tensors
-    none = (None,) * 8
+    none = (None,) * 9
     if grad_loss is None:
         return (None, None) + none
     want_hidden, want_weight = ctx.wanted
@@ -148,6 +149,58 @@ def _linear_loss_backward(ctx: Any, grad_loss: torch.Tensor, _dh: Any, _dw: Any)
 
 torch.library.register_autograd(
     _LIB + "shifted_cp_linear_loss", _linear_loss_backward, setup_context=_linear_loss_setup
+)
+
+# ---- token_logprobs: per-token values; the backward recomputes the head's logits ----
+
+
+@torch.library.register_fake(_LIB + "token_logprobs")
+def _logprobs_fake(hidden, weight, labels, valid, group_name, softcap, temperature, entropy,
+                   logits_precision, chunk_rows, layout=None):  # type: ignore[no-untyped-def]
+    B, L = hidden.shape[0], hidden.shape[1]
+    values = hidden.new_empty((B, L), dtype=torch.float32)
+    ent = hidden.new_empty((B, L), dtype=torch.float32) if entropy else hidden.new_empty((0,))
+    return (values, ent, hidden.new_empty((B, L), dtype=torch.bool),
+            hidden.new_empty((B, L), dtype=torch.int64),
+            hidden.new_empty((B * L, 3), dtype=torch.float32))
+
+
+@torch.library.register_fake(_LIB + "token_logprobs_backward")
+def _logprobs_backward_fake(hidden, weight, targets, stats, grad_logprobs, grad_entropy, softcap,
+                            temperature, logits_precision, chunk_rows, grad_hidden,
+                            grad_weight):  # type: ignore[no-untyped-def]
+    return (torch.empty_like(hidden) if grad_hidden else hidden.new_empty((0,)),
+            torch.empty_like(weight) if grad_weight else weight.new_empty((0,)))
+
+
+def _logprobs_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
+    hidden, weight = inputs[0], inputs[1]
+    ctx.save_for_backward(hidden, weight, output[3], output[4])
+    ctx.options = (inputs[5], inputs[6], inputs[8], inputs[9])  # softcap, t, precision, chunk
+    ctx.entropy = inputs[7]
+    ctx.mark_non_differentiable(output[2], output[3], output[4])
+    ctx.set_materialize_grads(False)
+
+
+def _logprobs_backward(ctx: Any, grad_lp: Any, grad_ent: Any, *_rest: Any) -> tuple:
+    none = (None,) * 9
+    if not ctx.entropy:
+        grad_ent = None
+    if grad_lp is None and grad_ent is None:
+        return (None, None) + none
+    hidden, weight, targets, stats = ctx.saved_tensors
+    if grad_lp is None:
+        grad_lp = torch.zeros_like(targets, dtype=torch.float32)
+    softcap, temperature, precision, chunk_rows = ctx.options
+    want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    dh, dw = torch.ops.cpkit.token_logprobs_backward(
+        hidden, weight, targets, stats, grad_lp, grad_ent, softcap, temperature, precision,
+        chunk_rows, want_hidden, want_weight)
+    return (dh if want_hidden else None, dw if want_weight else None) + none
+
+
+torch.library.register_autograd(
+    _LIB + "token_logprobs", _logprobs_backward, setup_context=_logprobs_setup
 )
 
 # ---- sharding: data in, shards out (no autograd); the in-forward cut is differentiable ----

@@ -130,6 +130,68 @@ def check_linear_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab
         torch.testing.assert_close(hidden.grad / cp, expected[:, positions], rtol=1e-4, atol=1e-6)
 
 
+def check_token_logprobs(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab: int,
+                         seed: int, softcap: float = 0.0, temperature: float = 1.0,
+                         layout_kind: str = "contiguous") -> None:
+    """token_logprobs against F.log_softmax in fp64 on the unsharded microbatch (values in
+    global order through restore_order), and a GRPO-style clipped-ratio loss built from them:
+    its gradients, summed over ranks, are the single-device ones."""
+    prepare = cpkit.prepare_packed_cp_inputs if packed else cpkit.prepare_cp_inputs
+    chunks = batch["labels"].shape[0] if packed else 1
+    sharder = prepare(batch, chunks, mesh=mesh, layout=layout_kind)
+    hidden_size = 12
+    weight = torch.randn(vocab, hidden_size, generator=torch.Generator().manual_seed(seed)) * 1.5
+    for m in range(sharder.num_microbatches):
+        layout, local = sharder.layout(m), sharder.local(m)
+        rows, S = local["labels"].shape[0], layout["seq_len"]
+        generator = torch.Generator().manual_seed(seed + 100 + m)
+        global_hidden = torch.randn(rows, layout["padded_len"], hidden_size, generator=generator)
+        advantages = torch.randn(rows, 1, generator=generator)
+        positions = sharder.positions(m)
+        # The truth: fp64 on the unsharded microbatch, position t predicting labels[t + 1].
+        truth_hidden = global_hidden[:, :S].double().requires_grad_(True)
+        truth_w = weight.double().requires_grad_(True)
+        z = truth_hidden @ truth_w.T
+        z = (softcap * torch.tanh(z / softcap) if softcap > 0 else z) / temperature
+        log_p = F.log_softmax(z, dim=-1)
+        targets = torch.full((rows, S), IGNORE)
+        targets[:, :-1] = truth_labels(batch, packed, m)[:, 1:]
+        has = targets != IGNORE
+        truth_lp = log_p.gather(-1, targets.clamp_min(0).unsqueeze(-1)).squeeze(-1) * has
+        truth_ent = -(log_p.exp() * log_p).sum(-1) * has
+        noise = 0.3 * torch.randn(rows, S, generator=generator, dtype=torch.float64)
+        old = ((truth_lp + noise) * has).detach()  # the rollout's log-probabilities
+
+        def grpo(lp: torch.Tensor, old_lp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            ratio = torch.exp(lp - old_lp)
+            clipped = torch.clamp(ratio, 0.8, 1.2)
+            per_token = -torch.minimum(ratio * advantages, clipped * advantages) * mask
+            return per_token.sum() / has.sum()  # over the global count: ranks' terms add up
+
+        grpo(truth_lp, old, has).backward()
+        hidden = global_hidden[:, positions].clone().requires_grad_(True)
+        w = weight.clone().requires_grad_(True)
+        out = cpkit.token_logprobs(hidden, w, local["labels"], local["valid"], mesh,
+                                   softcap=softcap, temperature=temperature, entropy=True,
+                                   chunk_rows=5, layout=local["layout"])
+        got_lp = cpkit.restore_order(out.logprobs.detach(), local["layout"], mesh)[:, :S]
+        got_ent = cpkit.restore_order(out.entropy.detach(), local["layout"], mesh)[:, :S]
+        got_has = cpkit.restore_order(out.has_target.long(), local["layout"], mesh)[:, :S]
+        torch.testing.assert_close(got_has.bool(), has)
+        torch.testing.assert_close(got_lp.double(), truth_lp.detach(), rtol=1e-5, atol=2e-5)
+        torch.testing.assert_close(got_ent.double(), truth_ent.detach(), rtol=1e-5, atol=2e-5)
+        old_local = torch.zeros(rows, layout["padded_len"], dtype=torch.float64)
+        old_local[:, :S] = old
+        grpo(out.logprobs, old_local[:, positions].float(), out.has_target).backward()
+        dweight = w.grad.clone()
+        dist.all_reduce(dweight, group=cp_group(mesh))
+        torch.testing.assert_close(dweight.double(), truth_w.grad, rtol=1e-4, atol=1e-6)
+        expected = torch.zeros(rows, layout["padded_len"], hidden_size, dtype=torch.float64)
+        expected[:, :S] = truth_hidden.grad
+        torch.testing.assert_close(hidden.grad.double(), expected[:, positions], rtol=1e-4,
+                                   atol=1e-6)
+
+
 def check_gather(mesh, rank: int, cp: int) -> None:
     value = (torch.arange(6, dtype=torch.float32).view(3, 2) + 10 * rank).requires_grad_(True)
     gathered = cpkit.gather_tokens(value, mesh, differentiable=True)
@@ -462,6 +524,9 @@ def main() -> None:
         check_loss(packed, True, mesh, rank, cp, vocab, seed=19, softcap=2.5, layout_kind=kind)
         check_linear_loss(packed, True, mesh, rank, cp, vocab, seed=20, chunk_rows=5,
                           layout_kind=kind)
+    check_token_logprobs(bshd, False, mesh, rank, cp, vocab, seed=21)
+    check_token_logprobs(packed, True, mesh, rank, cp, vocab, seed=22, softcap=4.0,
+                         temperature=0.7, layout_kind="balanced")
     check_errors(mesh, rank, cp)
     if os.environ.get("CPKIT_COMPILE") == "1":
         check_compile(mesh, rank, cp)

@@ -48,6 +48,10 @@ def _loss_input(case: dict, name: str) -> torch.Tensor:
     return _tensor(case.get("set", {}).get(name, TABLE["loss"][name]))
 
 
+def _head_input(case: dict, name: str) -> torch.Tensor:
+    return _tensor(case.get("set", {}).get(name, TABLE["head"][name]))
+
+
 def _sharder(case: dict) -> cpkit.Sharder:
     call = case["call"]
     prepare = (cpkit.prepare_cp_inputs if call == "prepare_cp_inputs"
@@ -62,6 +66,12 @@ def _run(case: dict) -> None:
         cpkit.shifted_cp_loss(_loss_input(case, "logits"), _loss_input(case, "labels"),
                               _loss_input(case, "valid"),
                               softcap=float(case.get("softcap", 0.0)))
+    elif call == "token_logprobs":
+        cpkit.token_logprobs(_head_input(case, "hidden"), _head_input(case, "weight"),
+                             _head_input(case, "labels"), _head_input(case, "valid"),
+                             softcap=float(case.get("softcap", 0.0)),
+                             temperature=float(case.get("temperature", 1.0)),
+                             logits_precision=case.get("logits_precision", "fp32"))
     elif call == "scale_loss_gradient_":  # internal: the raw op, with the package's errors
         translate(torch.ops.cpkit.scale_loss_gradient_)(_tensor(case["grad_logits"]),
                                                         _tensor(case["upstream"]))
