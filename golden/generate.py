@@ -28,6 +28,7 @@ SENTINEL = -1000
 OUT = pathlib.Path(__file__).resolve().parent / "cases"
 OFFSETS = pathlib.Path(__file__).resolve().parent / "offsets"
 LINEAR = pathlib.Path(__file__).resolve().parent / "linear"
+LOGPROBS = pathlib.Path(__file__).resolve().parent / "logprobs"
 
 
 def padded_length(n, cp, pad_multiple, layout="contiguous"):
@@ -300,6 +301,53 @@ def make_linear_case(name, fmt, cp, rows, S, vocab, hidden_size, seed, docs=None
     return case
 
 
+def make_logprobs_case(name, fmt, cp, rows, S, vocab, hidden_size, seed, docs=None, ignore=(),
+                       softcap=0.0, temperature=1.0, head_scale=2.0):
+    """token_logprobs (docs/spec.md section 5b): each position's log_softmax of its next label
+    and entropy, in fp64 on the unsharded batch, with z = softcap(hidden @ W^T) / t. Each
+    rank's expected gradients are autograd of its own positions' sum(u_lp * lp + u_ent * H)
+    for the case's upstreams u (N(0, 1), [2, rows, S_pad]): d hidden at its positions and its
+    d weight."""
+    g = torch.Generator().manual_seed(seed)
+    inputs, s_pad, layout = layout_case(fmt, cp, rows, S, vocab, g, docs=docs, ignore=ignore)
+    L = s_pad // cp
+    hidden_all = torch.randn(rows, s_pad, hidden_size, generator=g)
+    weight = torch.randn(vocab, hidden_size, generator=g) * (head_scale / math.sqrt(hidden_size))
+    microbatches = []
+    for row_ids, streams, hf_labels in layout:
+        n = len(row_ids)
+        upstream = torch.randn(2, n, s_pad, generator=g)
+        x = hidden_all[row_ids].double().requires_grad_(True)
+        w = weight.double().requires_grad_(True)
+        z = x @ w.T
+        z = (softcap * torch.tanh(z / softcap) if softcap > 0 else z) / temperature
+        log_p = F.log_softmax(z, dim=-1)
+        targets = torch.full((n, s_pad), IGNORE)
+        targets[:, :S - 1] = hf_labels[:, 1:]
+        has = targets != IGNORE
+        lp = log_p.gather(-1, targets.clamp_min(0).unsqueeze(-1)).squeeze(-1) * has
+        ent = -(log_p.exp() * log_p).sum(-1) * has
+        ranks = []
+        for r in range(cp):
+            cols = slice(r * L, (r + 1) * L)
+            term = (lp[:, cols] * upstream[0, :, cols]).sum() + \
+                (ent[:, cols] * upstream[1, :, cols]).sum()
+            dx, dw = torch.autograd.grad(term, (x, w), retain_graph=True)
+            ranks.append({"rank": r, "logprobs": rounded(lp[:, cols].detach().float()),
+                          "entropy": rounded(ent[:, cols].detach().float()),
+                          "has_target": has[:, cols].tolist(),
+                          "dhidden": rounded(dx[:, cols].float()), "dweight": rounded(dw.float())})
+        microbatches.append({"rows": row_ids, "hidden": rounded(hidden_all[row_ids]),
+                             "upstream": rounded(upstream), "ranks": ranks})
+    case = {"name": name, "format": fmt, "cp": cp, "num_chunks": 1, "pad_multiple": 1,
+            "pad_token_id": 0, "vocab": vocab, "hidden_size": hidden_size, "softcap": softcap,
+            "temperature": temperature,
+            "oracle": "torch fp64 matmul + log_softmax, autograd per rank's positions",
+            "inputs": inputs, "weight": rounded(weight), "microbatches": microbatches}
+    (LOGPROBS / f"{name}.json").write_text(json.dumps(case, indent=1) + "\n")
+    return case
+
+
 def document_starts(docs, padding):
     """Where each token's attention document starts (docs/spec.md section 4a): a run of one
     document id; padding before the first real token of a run is its own document."""
@@ -419,6 +467,13 @@ def main():
                      seed=31, docs=[[(4, 1), (5, 1)]], softcap=2.0, head_scale=6.0)
     make_linear_case("linear_bshd_cp4_short", "bshd", cp=4, rows=1, S=3, vocab=7, hidden_size=4,
                      seed=32)
+    # Per-token log-probabilities and entropies through the head (docs/spec.md section 5b).
+    LOGPROBS.mkdir(exist_ok=True)
+    make_logprobs_case("logprobs_bshd_cp2", "bshd", cp=2, rows=2, S=7, vocab=11, hidden_size=6,
+                       seed=40, ignore=[(1, 2)])
+    make_logprobs_case("logprobs_thd_cp3_softcap_temperature", "thd", cp=3, rows=1, S=11,
+                       vocab=9, hidden_size=5, seed=41, docs=[[(4, 1), (5, 1)]], softcap=2.0,
+                       temperature=0.7, head_scale=6.0)
     print(f"wrote {len(list(OUT.glob('*.json')))} cases to {OUT}")
 
 

@@ -101,6 +101,42 @@ LinearCase load_linear_case(const std::string& name) {
   return c;
 }
 
+LogprobsCase load_logprobs_case(const std::string& name) {
+  std::ifstream in(std::string(CPKIT_GOLDEN_LOGPROBS_DIR) + "/" + name + ".json");
+  if (!in) throw std::runtime_error("golden logprobs case " + name + " not found");
+  const Json j = Json::parse(in);
+  LogprobsCase c;
+  c.batch.name = j.at("name");
+  c.batch.format = j.at("format");
+  c.batch.cp = j.at("cp");
+  c.batch.num_chunks = j.at("num_chunks");
+  c.batch.pad_multiple = j.at("pad_multiple");
+  c.batch.pad_token_id = j.at("pad_token_id");
+  c.batch.softcap = j.at("softcap");
+  c.batch.vocab = j.at("vocab");
+  c.batch.inputs = j.at("inputs");
+  c.temperature = j.at("temperature");
+  c.weight = j.at("weight").get<Floats2>();
+  for (const Json& m : j.at("microbatches")) {
+    LogprobsMicrobatch mb;
+    mb.rows = m.at("rows").get<std::vector<int>>();
+    mb.hidden = m.at("hidden").get<Floats3>();
+    mb.upstream = m.at("upstream").get<Floats3>();
+    for (const Json& r : m.at("ranks")) {
+      LogprobsRank e;
+      e.rank = r.at("rank");
+      e.logprobs = r.at("logprobs").get<Floats2>();
+      e.entropy = r.at("entropy").get<Floats2>();
+      e.has_target = r.at("has_target").get<std::vector<std::vector<bool>>>();
+      e.dhidden = r.at("dhidden").get<Floats3>();
+      e.dweight = r.at("dweight").get<Floats2>();
+      mb.ranks.push_back(e);
+    }
+    c.microbatches.push_back(mb);
+  }
+  return c;
+}
+
 OffsetsCase load_offsets_case(const std::string& name) {
   std::ifstream in(std::string(CPKIT_GOLDEN_OFFSETS_DIR) + "/" + name + ".json");
   if (!in) throw std::runtime_error("golden offsets case " + name + " not found");

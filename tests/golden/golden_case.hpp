@@ -83,6 +83,29 @@ struct LinearCase {
 };
 LinearCase load_linear_case(const std::string& name);
 
+// golden/logprobs: token_logprobs. Each rank's expected values are fp64 log_softmax and
+// entropy of its positions; its gradients autograd of sum(u_lp * lp + u_ent * H) over them.
+struct LogprobsRank {
+  int rank = 0;
+  Floats2 logprobs, entropy;                  // [rows][L]
+  std::vector<std::vector<bool>> has_target;  // [rows][L]
+  Floats3 dhidden;                            // [rows][L][H]
+  Floats2 dweight;                            // [V][H]
+};
+struct LogprobsMicrobatch {
+  std::vector<int> rows;
+  Floats3 hidden;    // [rows][S_pad][H]
+  Floats3 upstream;  // [2][rows][S_pad]: d/d logprob, d/d entropy
+  std::vector<LogprobsRank> ranks;
+};
+struct LogprobsCase {
+  GoldenCase batch;
+  double temperature = 1;
+  Floats2 weight;  // [V][H]
+  std::vector<LogprobsMicrobatch> microbatches;
+};
+LogprobsCase load_logprobs_case(const std::string& name);
+
 // FP32 oracle vs cpkit: losses and gradients within these.
 inline constexpr double kGoldenLossRtol = 1e-5;
 inline constexpr double kGoldenGradAtol = 1e-6;

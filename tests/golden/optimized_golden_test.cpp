@@ -11,6 +11,7 @@
 #include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "cpkit/optimized/token_logprobs.hpp"
 #include "golden_case.hpp"
 #include "rank_processes.hpp"
 
@@ -227,6 +228,62 @@ TEST_P(OptimizedLinearGolden, MatchesTheOracleOnRealRanks) {
 
 INSTANTIATE_TEST_SUITE_P(Linear, OptimizedLinearGolden,
                          ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_LINEAR_DIR)));
+
+// golden/logprobs on real ranks, with chunks of 1, 3 and the default number of rows.
+class OptimizedLogprobsGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OptimizedLogprobsGolden, MatchesTheOracleOnRealRanks) {
+  const LogprobsCase c = load_logprobs_case(GetParam());
+  const auto outcomes = ranks::run_ranks_collect(c.batch.cp, [&c](int rank, const MeshPtr& mesh) {
+    const Sharder s = prepare(c.batch, mesh);
+    const at::Tensor weight = floats(c.weight);
+    std::string out;
+    for (int m = 0; m < s.num_microbatches(); ++m) {
+      const LocalShard l = s.local(m);
+      const LogprobsMicrobatch& mb = c.microbatches[m];
+      Floats2 mine, up(2);
+      for (std::size_t b = 0; b < mb.hidden.size(); ++b)
+        for (const std::int64_t j : layout_positions(*l.layout.plan, rank)) {
+          mine.push_back(mb.hidden[b][j]);
+          for (int u = 0; u < 2; ++u) up[u].push_back(mb.upstream[u][b][j]);
+        }
+      const int64_t rows = l.labels.size(0), L = l.layout.local_len;
+      const LogprobsRank& e = mb.ranks[rank];
+      Floats2 dhidden;
+      for (const auto& row : e.dhidden) dhidden.insert(dhidden.end(), row.begin(), row.end());
+      for (const int64_t chunk : {0, 1, 3}) {
+        const at::Tensor hidden = floats(mine).view({rows, L, -1}).requires_grad_(true);
+        const at::Tensor w = weight.clone().requires_grad_(true);
+        TokenLogprobsOptions options;
+        options.softcap = c.batch.softcap;
+        options.temperature = c.temperature;
+        options.entropy = true;
+        options.chunk_rows = chunk;
+        const TokenLogprobs r = token_logprobs(hidden, w, l.labels, l.valid, mesh, options);
+        const at::Tensor u = floats(up).view({2, rows, L});
+        ((r.logprobs * u[0]).sum() + (r.entropy * u[1]).sum()).backward();
+        const std::string at =
+            "microbatch " + std::to_string(m) + " chunk " + std::to_string(chunk);
+        out += first_difference(r.logprobs, floats(e.logprobs), at + " logprobs");
+        out += first_difference(r.entropy, floats(e.entropy), at + " entropy");
+        Floats2 has;
+        for (const auto& row : e.has_target) has.emplace_back(row.begin(), row.end());
+        out += first_difference(r.has_target.to(at::kFloat), floats(has), at + " has_target");
+        out +=
+            first_difference(hidden.grad(), floats(dhidden).view({rows, L, -1}), at + " d hidden");
+        out += first_difference(w.grad(), floats(e.dweight), at + " d weight");
+      }
+    }
+    return out;
+  });
+  for (const auto& o : outcomes) {
+    EXPECT_TRUE(o.ok) << "rank " << o.rank << ": " << o.message;
+    EXPECT_EQ(o.output, "") << "rank " << o.rank << ":\n" << o.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Logprobs, OptimizedLogprobsGolden,
+                         ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_LOGPROBS_DIR)));
 
 }  // namespace
 }  // namespace cpkit::golden

@@ -213,5 +213,65 @@ TEST_P(ReferenceLinearGolden, ReproducesTheOracle) {
 INSTANTIATE_TEST_SUITE_P(Linear, ReferenceLinearGolden,
                          ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_LINEAR_DIR)));
 
+// golden/logprobs: the reference's per-token values and gradients against fp64 autograd.
+class ReferenceLogprobsGolden : public ::testing::TestWithParam<std::string> {};
+
+// Row-major [rows][L] values as one vector.
+template <class T>
+std::vector<double> flat(const std::vector<std::vector<T>>& rows) {
+  std::vector<double> out;
+  for (const auto& row : rows) out.insert(out.end(), row.begin(), row.end());
+  return out;
+}
+
+TEST_P(ReferenceLogprobsGolden, ReproducesTheOracle) {
+  const LogprobsCase c = load_logprobs_case(GetParam());
+  const ref::Sharder s = prepare(c.batch);
+  const ref::FloatMatrix weight = matrix(c.weight);
+  for (int m = 0; m < s.num_microbatches(); ++m) {
+    const LogprobsMicrobatch& mb = c.microbatches[m];
+    std::vector<ref::FloatMatrix> hidden;
+    std::vector<ref::IntMatrix> labels;
+    std::vector<ref::BoolVector> valid;
+    std::vector<std::vector<double>> g_lp, g_ent;
+    for (const LogprobsRank& e : mb.ranks) {
+      const ref::LocalShard l = s.local(m, e.rank);
+      Floats2 mine;
+      g_lp.emplace_back();
+      g_ent.emplace_back();
+      for (std::size_t b = 0; b < mb.hidden.size(); ++b)
+        for (const std::int64_t j : l.layout.positions) {
+          mine.push_back(mb.hidden[b][j]);
+          g_lp.back().push_back(mb.upstream[0][b][j]);
+          g_ent.back().push_back(mb.upstream[1][b][j]);
+        }
+      hidden.push_back(matrix(mine));
+      labels.push_back(l.labels);
+      valid.push_back(l.valid);
+    }
+    const auto got = ref::token_logprobs(hidden, weight, labels, valid, g_lp, g_ent,
+                                         {c.batch.softcap, c.temperature, {}});
+    for (const LogprobsRank& e : mb.ranks) {
+      const auto& r = got[e.rank];
+      const std::string at = "microbatch " + std::to_string(m) + " rank " + std::to_string(e.rank);
+      const std::vector<double> lp = flat(e.logprobs), ent = flat(e.entropy),
+                                has = flat(e.has_target);
+      ASSERT_EQ(r.logprobs.size(), lp.size()) << at;
+      for (std::size_t i = 0; i < lp.size(); ++i) {
+        EXPECT_EQ(r.has_target[i], has[i] != 0) << at << " position " << i;
+        EXPECT_NEAR(r.logprobs[i], lp[i], kGoldenLossRtol * (1 + std::abs(lp[i]))) << at;
+        EXPECT_NEAR(r.entropy[i], ent[i], kGoldenLossRtol * (1 + std::abs(ent[i]))) << at;
+      }
+      Floats2 dhidden;
+      for (const auto& row : e.dhidden) dhidden.insert(dhidden.end(), row.begin(), row.end());
+      EXPECT_TRUE(close(r.grad_hidden, matrix(dhidden))) << "d hidden " << at;
+      EXPECT_TRUE(close(r.grad_weight, matrix(e.dweight))) << "d weight " << at;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Logprobs, ReferenceLogprobsGolden,
+                         ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_LOGPROBS_DIR)));
+
 }  // namespace
 }  // namespace cpkit::golden
