@@ -11,6 +11,8 @@ own:
 - cpkit_logprobs: cpkit.token_logprobs (default fp32 precision), the loss as minus the mean
   of the per-token log-probabilities (its backward recomputes the logits: four GEMMs);
 - cce_compile: cut-cross-entropy's linear_cross_entropy(impl="torch_compile", shift=1);
+- cce_per_token: the same with reduction="none" (per-token values, as token_logprobs gives),
+  then their mean;
 - eager: F.cross_entropy(F.linear(h, W)) on the shifted targets;
 - checkpointed: 256-row chunks of linear + cross_entropy under torch.utils.checkpoint.
 Time: median of `--repeats` steps after one untimed step. Memory: peak resident set above the
@@ -37,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-CONTENDERS = ("gemms", "cpkit", "cpkit_logprobs", "cce_compile", "eager", "checkpointed")
+CONTENDERS = ("gemms", "cpkit", "cpkit_logprobs", "cce_compile", "cce_per_token", "eager",
+              "checkpointed")
 CHECKPOINT_ROWS = 256
 
 
@@ -86,6 +89,11 @@ def step_of(name: str, hidden, weight, labels):
 
         loss_of = lambda: linear_cross_entropy(hidden[0], weight, labels[0], shift=1,  # noqa: E731
                                                impl="torch_compile")
+    elif name == "cce_per_token":
+        from cut_cross_entropy import linear_cross_entropy
+
+        loss_of = lambda: linear_cross_entropy(  # noqa: E731
+            hidden[0], weight, labels[0], shift=1, reduction="none", impl="torch_compile").mean()
     elif name == "eager":
         loss_of = lambda: F.cross_entropy(F.linear(hidden[0, :-1], weight), targets)  # noqa: E731
     elif name == "checkpointed":

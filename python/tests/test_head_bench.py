@@ -18,7 +18,8 @@ def test_contenders_agree(tmp_path):
                    timeout=600)
     results = json.loads(out.read_text())
     losses = {}
-    for name in ("gemms", "cpkit", "cpkit_logprobs", "cce_compile", "eager", "checkpointed"):
+    for name in ("gemms", "cpkit", "cpkit_logprobs", "cce_compile", "cce_per_token", "eager",
+                 "checkpointed"):
         entry = results[name]
         assert "error" not in entry, (name, entry)
         assert entry["seconds"] > 0 and entry["peak_mib"] >= 0, (name, entry)
