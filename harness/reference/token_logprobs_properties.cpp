@@ -7,41 +7,12 @@
 
 #include <cmath>
 
-#include "generators.hpp"
+#include "one_row.hpp"
 
 namespace cpkit::harness {
 namespace {
 
 using namespace reference;
-
-struct Split {
-  std::vector<FloatMatrix> hidden;
-  std::vector<IntMatrix> labels;
-  std::vector<BoolVector> valid;
-};
-
-// One row of S tokens cut contiguously onto `cp` ranks of L = S / cp.
-Split split(const FloatMatrix& hidden, const IntMatrix& labels, int cp) {
-  const auto L = labels.cols() / cp;
-  Split out;
-  for (int r = 0; r < cp; ++r) {
-    out.hidden.push_back(hidden.middleRows(r * L, L));
-    out.labels.push_back(labels.middleCols(r * L, L));
-    BoolVector v(L);
-    for (Eigen::Index j = 0; j < L; ++j) v(j) = out.labels.back()(0, j) != kIgnoreLabel;
-    out.valid.push_back(v);
-  }
-  return out;
-}
-
-IntMatrix random_labels(int S, int V) {
-  IntMatrix labels(1, S);
-  for (int t = 0; t < S; ++t) {
-    const std::int64_t label = *rc::gen::inRange(0, V);
-    labels(0, t) = *rc::gen::element(kIgnoreLabel, label, label);
-  }
-  return labels;
-}
 
 std::vector<std::vector<double>> upstream(int cp, Eigen::Index n, double value) {
   return std::vector<std::vector<double>>(static_cast<std::size_t>(cp),

@@ -151,11 +151,11 @@ std::vector<RankLoss> shifted_cp_loss(const std::vector<FloatMatrix>& logits,
   const auto V = logits[0].cols();
   check_vocab(V);
   check_softcap(options.softcap);
+  check_shifted_labels(labels, valid, V);
   for (std::size_t r = 0; r < cp; ++r)
     if (logits[r].rows() != B * L || logits[r].cols() != V)
       raise("logits", "rank ", r, " has shape [", logits[r].rows(), ", ", logits[r].cols(),
             "] but [B * L, V] = [", B * L, ", ", V, "] is required");
-  check_shifted_labels(labels, valid, V);
 
   const std::vector<std::vector<Target>> targets = shifted_targets(labels, valid, options.layout);
   std::int64_t global_targets = 0;

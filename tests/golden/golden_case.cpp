@@ -22,10 +22,10 @@ std::vector<std::string> golden_case_names(const std::string& dir) {
   return names;
 }
 
-GoldenCase load_golden_case(const std::string& name) {
-  std::ifstream in(std::string(CPKIT_GOLDEN_DIR) + "/" + name + ".json");
-  if (!in) throw std::runtime_error("golden case " + name + " not found");
-  const Json j = Json::parse(in);
+namespace {
+
+// A case's batch and layout fields (its microbatches are read by each loader).
+GoldenCase batch_of(const Json& j) {
   GoldenCase c;
   c.name = j.at("name");
   c.format = j.at("format");
@@ -37,6 +37,16 @@ GoldenCase load_golden_case(const std::string& name) {
   c.layout = j.value("layout", "contiguous");
   c.vocab = j.at("vocab");
   c.inputs = j.at("inputs");
+  return c;
+}
+
+}  // namespace
+
+GoldenCase load_golden_case(const std::string& name) {
+  std::ifstream in(std::string(CPKIT_GOLDEN_DIR) + "/" + name + ".json");
+  if (!in) throw std::runtime_error("golden case " + name + " not found");
+  const Json j = Json::parse(in);
+  GoldenCase c = batch_of(j);
   for (const Json& m : j.at("microbatches")) {
     ExpectedMicrobatch mb;
     mb.rows = m.at("rows").get<std::vector<int>>();
@@ -73,15 +83,7 @@ LinearCase load_linear_case(const std::string& name) {
   if (!in) throw std::runtime_error("golden linear case " + name + " not found");
   const Json j = Json::parse(in);
   LinearCase c;
-  c.batch.name = j.at("name");
-  c.batch.format = j.at("format");
-  c.batch.cp = j.at("cp");
-  c.batch.num_chunks = j.at("num_chunks");
-  c.batch.pad_multiple = j.at("pad_multiple");
-  c.batch.pad_token_id = j.at("pad_token_id");
-  c.batch.softcap = j.at("softcap");
-  c.batch.vocab = j.at("vocab");
-  c.batch.inputs = j.at("inputs");
+  c.batch = batch_of(j);
   c.hidden_size = j.at("hidden_size");
   c.weight = j.at("weight").get<Floats2>();
   for (const Json& m : j.at("microbatches")) {
@@ -106,15 +108,7 @@ LogprobsCase load_logprobs_case(const std::string& name) {
   if (!in) throw std::runtime_error("golden logprobs case " + name + " not found");
   const Json j = Json::parse(in);
   LogprobsCase c;
-  c.batch.name = j.at("name");
-  c.batch.format = j.at("format");
-  c.batch.cp = j.at("cp");
-  c.batch.num_chunks = j.at("num_chunks");
-  c.batch.pad_multiple = j.at("pad_multiple");
-  c.batch.pad_token_id = j.at("pad_token_id");
-  c.batch.softcap = j.at("softcap");
-  c.batch.vocab = j.at("vocab");
-  c.batch.inputs = j.at("inputs");
+  c.batch = batch_of(j);
   c.temperature = j.at("temperature");
   c.weight = j.at("weight").get<Floats2>();
   for (const Json& m : j.at("microbatches")) {
