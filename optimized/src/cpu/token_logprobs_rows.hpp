@@ -24,7 +24,7 @@ inline LogprobStats row_statistics(const float* y, std::int64_t vocab, float sof
     const float* x = y + start;
     float z[kLogprobBlock];  // the block's tempered logits, kept in L1
 #pragma omp simd
-    for (std::int64_t k = 0; k < n; ++k) z[k] = capped<kCapped>(x[k], softcap) * inv_temperature;
+    for (std::int64_t k = 0; k < n; ++k) z[k] = tempered<kCapped>(x[k], softcap, inv_temperature);
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
     for (std::int64_t k = 0; k < n; ++k) m = z[k] > m ? z[k] : m;
@@ -57,7 +57,7 @@ void forward_rows(const TokenLogprobsArgs& a, std::int64_t begin, std::int64_t e
       continue;
     }
     const RowStats r = row_stats(row_statistics<kCapped>(y, a.vocab, a.softcap, a.inv_temperature));
-    const float z_target = capped<kCapped>(y[target], a.softcap) * a.inv_temperature;
+    const float z_target = tempered<kCapped>(y[target], a.softcap, a.inv_temperature);
     a.logprobs[row] = logprob_value(z_target, r);
     if (a.entropy) a.entropy[row] = entropy_value(r);
     saved[0] = r.max;

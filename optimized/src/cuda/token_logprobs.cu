@@ -58,10 +58,10 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(TokenLogprobsArgs a) 
   }
   LogprobStats s = logprob_empty();
   for (std::int64_t k = threadIdx.x; k < a.vocab; k += kThreads)
-    logprob_add(s, capped<kCapped>(y[k], a.softcap) * a.inv_temperature);
+    logprob_add(s, tempered<kCapped>(y[k], a.softcap, a.inv_temperature));
   const RowStats r = row_stats(block_merge(s));
   if (threadIdx.x == 0) {
-    a.logprobs[row] = logprob_value(capped<kCapped>(y[target], a.softcap) * a.inv_temperature, r);
+    a.logprobs[row] = logprob_value(tempered<kCapped>(y[target], a.softcap, a.inv_temperature), r);
     if (a.entropy) a.entropy[row] = entropy_value(r);
     saved[0] = r.max;
     saved[1] = r.log_sum;

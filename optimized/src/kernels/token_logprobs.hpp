@@ -56,8 +56,9 @@ CPKIT_HOST_DEVICE inline void logprob_add(LogprobStats& s, float z) {
 CPKIT_HOST_DEVICE inline float centred_term(float e, float d) { return e > 0.0f ? e * d : 0.0f; }
 
 // The logit the distribution is taken over: the model's cap, then the sampler's temperature.
+template <bool kCapped>
 CPKIT_HOST_DEVICE inline float tempered(float y, float softcap, float inv_temperature) {
-  return capped(y, softcap) * inv_temperature;
+  return capped<kCapped>(y, softcap) * inv_temperature;
 }
 
 // What a position's backward needs: the row's max, log-sum (log sum exp(z - max)) and the
