@@ -44,24 +44,48 @@ void check_head_inputs(const at::Tensor& hidden, const at::Tensor& weight, doubl
   if (weight.size(0) < 2) raise("weight", "vocabulary size must be >= 2, got ", weight.size(0));
 }
 
+namespace {
+
+// Rows per chunk: the option when set (at most `rows`), else the default rule.
 int64_t head_chunk_rows(int64_t chunk_rows, int64_t vocab, int64_t rows, bool cuda) {
   return chunk_rows > 0 ? std::min(chunk_rows, rows)
                         : default_linear_loss_chunk_rows(vocab, rows, cuda);
 }
 
-HeadGemms::HeadGemms(const at::Tensor& hidden, const at::Tensor& weight, LogitsPrecision precision)
-    : round_(hidden.scalar_type() != at::kFloat && precision == LogitsPrecision::kInput) {
-  hidden_ = round_ ? hidden : hidden.to(at::kFloat);
-  weight_ = round_ ? weight : weight.to(at::kFloat);
+}  // namespace
+
+bool vocab_major(const at::Tensor& z, const char* name) {
+  // First: a single row is both, and vocab-major is the layout every CPU kernel reads.
+  if (z.dim() == 2 && z.t().is_contiguous()) {
+    if (z.is_cuda() && z.size(0) > 1)
+      raise(name, "the CUDA kernels read row-major logits, got vocab-major ", shape_of(z));
+    return true;
+  }
+  if (z.is_contiguous()) return false;
+  raise(name, "must be contiguous [n, V] or its vocab-major transpose, got shape ", shape_of(z),
+        " and strides ", z.strides());
 }
 
-void HeadGemms::logits(int64_t begin, const at::Tensor& z) const {
-  const at::Tensor h = hidden_.narrow(0, begin, z.size(0));
-  at::Tensor out = z;
+HeadGemms::HeadGemms(const at::Tensor& hidden, const at::Tensor& weight, LogitsPrecision precision,
+                     int64_t chunk_rows)
+    : round_(hidden.scalar_type() != at::kFloat && precision == LogitsPrecision::kInput),
+      chunk_(head_chunk_rows(chunk_rows, weight.size(0), hidden.size(0), hidden.is_cuda())),
+      vocab_major_(!hidden.is_cuda()) {
+  hidden_ = round_ ? hidden : hidden.to(at::kFloat);
+  weight_ = round_ ? weight : weight.to(at::kFloat);
+  buffer_ = at::empty({chunk_ * weight.size(0)}, hidden.options().dtype(at::kFloat));
+}
+
+at::Tensor HeadGemms::logits(int64_t begin, int64_t n) const {
+  const int64_t V = weight_.size(0);
+  const at::Tensor z = buffer_.narrow(0, 0, n * V);
+  at::Tensor out = vocab_major_ ? z.view({V, n}).t() : z.view({n, V});
+  const at::Tensor h = hidden_.narrow(0, begin, n);
   if (round_)
     out.copy_(at::mm(h, weight_.t()));  // the bf16 head's logits, then fp32 (HF's .float())
   else
-    at::mm_out(out, h, weight_.t());
+    at::mm_out(out, h, weight_.t());  // writes into the strided view, no copy
+  return out;
 }
 
 at::Tensor HeadGemms::gradient_operand(const at::Tensor& g) const {

@@ -15,18 +15,26 @@ namespace cpkit::detail {
 void check_head_inputs(const at::Tensor& hidden, const at::Tensor& weight, double softcap,
                        int64_t chunk_rows);
 
-// Rows per chunk: the option when set (at most `rows`), else the default rule.
-int64_t head_chunk_rows(int64_t chunk_rows, int64_t vocab, int64_t rows, bool cuda);
+// Whether logits z [n, V] (a kernel's input and in-place output) are stored vocab-major
+// (z^T contiguous: token r's logit v at v * n + r, the fused head's CPU layout) rather than
+// row-major; raises naming `name` for any other layout and for vocab-major CUDA logits.
+bool vocab_major(const at::Tensor& z, const char* name);
 
 class HeadGemms {
  public:
-  // hidden [rows, H] and weight [V, H], checked. A bf16 head under LogitsPrecision::kFp32 is
-  // upcast once per call (exact: every bf16 value is an fp32 value), so its products and sums
-  // are fp32 GEMMs: V * H * 4 bytes more than the bf16 head.
-  HeadGemms(const at::Tensor& hidden, const at::Tensor& weight, LogitsPrecision precision);
+  // hidden [rows, H] and weight [V, H], checked; chunk_rows: the option (0: the default rule). A
+  // bf16 head under LogitsPrecision::kFp32 is upcast once per call (exact: every bf16 value is an
+  // fp32 value), so its products and sums are fp32 GEMMs: V * H * 4 bytes more than the bf16 head.
+  HeadGemms(const at::Tensor& hidden, const at::Tensor& weight, LogitsPrecision precision,
+            int64_t chunk_rows);
 
-  // The fp32 logits of rows [begin, begin + z.size(0)) into z [n, V].
-  void logits(int64_t begin, const at::Tensor& z) const;
+  int64_t rows() const { return hidden_.size(0); }
+  int64_t chunk() const { return chunk_; }
+
+  // The fp32 logits [n, V] of rows [begin, begin + n), n <= chunk(), in the one chunk buffer
+  // every call reuses. Vocab-major on the CPU: MKL writes the [V, n] product ~25 % faster
+  // than [n, V] at LM-head shapes (bench/head_bench.py), and the kernels read either layout.
+  at::Tensor logits(int64_t begin, int64_t n) const;
   // The logit gradient g (fp32 [n, V]) as both gradient GEMMs take it: g itself, or rounded
   // to bf16 (kInput: what autograd of HF's logits.float() hands the head's matmul).
   at::Tensor gradient_operand(const at::Tensor& g) const;
@@ -40,6 +48,9 @@ class HeadGemms {
   at::Tensor hidden_;  // [rows, H] as the GEMMs read it (fp32 when round_ is false)
   at::Tensor weight_;  // [V, H] likewise
   bool round_;         // a bf16 head under kInput: bf16 GEMMs, logits rounded to bf16
+  int64_t chunk_;
+  bool vocab_major_;
+  at::Tensor buffer_;  // chunk_ * V floats
 };
 
 }  // namespace cpkit::detail

@@ -27,21 +27,19 @@ LinearLossWithGrad fused_linear_loss(const at::Tensor& hidden, const at::Tensor&
                                      const detail::Targets& t, int64_t cp,
                                      const LinearLossOptions& options, LinearLossGrads want) {
   const int64_t H = hidden.size(2), V = weight.size(0), rows = t.targets.numel();
-  const detail::HeadGemms head(hidden.reshape({rows, H}), weight, options.logits_precision);
+  const detail::HeadGemms head(hidden.reshape({rows, H}), weight, options.logits_precision,
+                               options.chunk_rows);
   const at::Tensor targets = t.targets.reshape({rows});
   const auto f32 = hidden.options().dtype(at::kFloat);
-  const int64_t chunk = detail::head_chunk_rows(options.chunk_rows, V, rows, hidden.is_cuda());
-  at::Tensor logits_buffer = at::empty({chunk, V}, f32);
   at::Tensor row_loss = at::empty({rows}, f32);
   at::Tensor scale = at::empty({1}, f32);
   at::Tensor grad_hidden = want.hidden ? at::empty({rows, H}, hidden.options()) : at::Tensor();
   // fp32 accumulator whatever the weight's dtype: bf16 would round once per chunk. The first
   // chunk writes it (no zero fill, one pass less over [V, H]); later chunks add to it.
   at::Tensor grad_weight = want.weight ? at::empty({V, H}, f32) : at::Tensor();
-  for (int64_t begin = 0; begin < rows; begin += chunk) {
-    const int64_t n = std::min(chunk, rows - begin);
-    const at::Tensor z = logits_buffer.narrow(0, 0, n);
-    head.logits(begin, z);
+  for (int64_t begin = 0; begin < rows; begin += head.chunk()) {
+    const int64_t n = std::min(head.chunk(), rows - begin);
+    const at::Tensor z = head.logits(begin, n);
     detail::cross_entropy_rows(z, targets.narrow(0, begin, n), t.count, cp, options.softcap, z,
                                row_loss.narrow(0, begin, n), scale);
     // z now holds d loss / d logits of these rows.

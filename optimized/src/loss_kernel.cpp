@@ -3,9 +3,11 @@
 
 #include <ATen/ATen.h>
 
+#include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cuda_glue.hpp"
 #include "fault_injection.hpp"
+#include "head_gemms.hpp"
 #include "kernels/cross_entropy_launch.hpp"
 #include "kernels/upstream_scale.hpp"
 
@@ -25,6 +27,9 @@ void cross_entropy_rows(const at::Tensor& logits, const at::Tensor& targets,
   args.grad = grad.data_ptr<float>();
   args.row_loss = row_loss.data_ptr<float>();
   args.scale = scale.data_ptr<float>();
+  args.vocab_major = logits.dim() == 2 && vocab_major(logits, "logits");
+  if (args.vocab_major != (grad.dim() == 2 && vocab_major(grad, "grad")))
+    raise("grad", "must be laid out as logits (vocab-major: ", args.vocab_major, ")");
   if (logits.is_cuda())
     launch_on(logits, [&](void* stream) { kernels::cross_entropy_cuda(args, stream); });
   else

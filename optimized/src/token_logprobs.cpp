@@ -42,6 +42,7 @@ kernels::TokenLogprobsArgs args_for(const at::Tensor& z, const at::Tensor& targe
   a.softcap = static_cast<float>(options.softcap);
   a.inv_temperature = static_cast<float>(1.0 / options.temperature);
   a.stats = stats.data_ptr<float>() + 3 * begin;
+  a.vocab_major = detail::vocab_major(z, "logits");
   return a;
 }
 
@@ -110,22 +111,19 @@ TokenLogprobsForward token_logprobs_forward(const at::Tensor& hidden, const at::
   const detail::Targets t = detail::prepare_targets(labels, valid, hidden, "hidden", weight.size(0),
                                                     "weight", mesh, options.layout.get());
   const at::NoGradGuard no_grad;
-  const int64_t B = hidden.size(0), L = hidden.size(1), H = hidden.size(2), V = weight.size(0);
+  const int64_t B = hidden.size(0), L = hidden.size(1), H = hidden.size(2);
   const int64_t rows = B * L;
   const detail::HeadGemms head(hidden.detach().reshape({rows, H}), weight.detach(),
-                               options.logits_precision);
+                               options.logits_precision, options.chunk_rows);
   const auto f32 = hidden.options().dtype(at::kFloat);
-  const int64_t chunk = detail::head_chunk_rows(options.chunk_rows, V, rows, hidden.is_cuda());
-  const at::Tensor buffer = at::empty({chunk, V}, f32);
   const at::Tensor targets = t.targets.reshape({rows});
   TokenLogprobsForward out;
   out.targets = t.targets;
   out.stats = at::empty({rows, 3}, f32);
   at::Tensor logprobs = at::empty({rows}, f32);
   at::Tensor entropy = options.entropy ? at::empty({rows}, f32) : at::Tensor();
-  for (int64_t begin = 0; begin < rows; begin += chunk) {
-    const at::Tensor z = buffer.narrow(0, 0, std::min(chunk, rows - begin));
-    head.logits(begin, z);
+  for (int64_t begin = 0; begin < rows; begin += head.chunk()) {
+    const at::Tensor z = head.logits(begin, std::min(head.chunk(), rows - begin));
     kernels::TokenLogprobsArgs a = args_for(z, targets, out.stats, begin, options);
     a.logprobs = logprobs.data_ptr<float>() + begin;
     a.entropy = options.entropy ? entropy.data_ptr<float>() + begin : nullptr;
@@ -169,16 +167,13 @@ TokenLogprobsGrads token_logprobs_backward(const at::Tensor& hidden, const at::T
   TokenLogprobsGrads out;
   if (!want_hidden && !want_weight) return out;
   const detail::HeadGemms head(hidden.detach().reshape({rows, H}), weight.detach(),
-                               options.logits_precision);
+                               options.logits_precision, options.chunk_rows);
   const auto f32 = hidden.options().dtype(at::kFloat);
-  const int64_t chunk = detail::head_chunk_rows(options.chunk_rows, V, rows, hidden.is_cuda());
-  const at::Tensor buffer = at::empty({chunk, V}, f32);
   at::Tensor grad_hidden = want_hidden ? at::empty({rows, H}, hidden.options()) : at::Tensor();
   // fp32 accumulator, written by the first chunk and added to by the rest (as the loss's).
   at::Tensor grad_weight = want_weight ? at::empty({V, H}, f32) : at::Tensor();
-  for (int64_t begin = 0; begin < rows; begin += chunk) {
-    const at::Tensor z = buffer.narrow(0, 0, std::min(chunk, rows - begin));
-    head.logits(begin, z);
+  for (int64_t begin = 0; begin < rows; begin += head.chunk()) {
+    const at::Tensor z = head.logits(begin, std::min(head.chunk(), rows - begin));
     kernels::TokenLogprobsArgs a = args_for(z, t, s, begin, options);
     a.grad_logprobs = g_lp.data_ptr<float>() + begin;
     a.grad_entropy = g_ent.defined() ? g_ent.data_ptr<float>() + begin : nullptr;

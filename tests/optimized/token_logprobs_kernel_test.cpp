@@ -68,18 +68,21 @@ TEST(TokenLogprobsKernelMath, StridedSharesMergeToTheWholeRow) {
   }
 }
 
-// Rows with masked vocabulary entries through the CPU kernels, in place: finite values equal
-// to the distribution over the unmasked entries, 0 gradient on masked ones, lp <= 0, H >= 0.
+// Rows with masked vocabulary entries through the CPU kernels, in place and vocab-major (the
+// fused head's CPU layout; 70 tokens: a full lane group and a partial one): finite values
+// equal to the distribution over the unmasked entries, 0 gradient on masked ones, lp <= 0,
+// H >= 0.
 TEST(TokenLogprobsKernelMath, MaskedVocabularyWeighsNothing) {
-  const std::int64_t V = 1500, rows = 6;
-  std::vector<float> logits;
+  const std::int64_t V = 1500, rows = 70;
+  std::vector<std::vector<float>> z;
   std::vector<std::int64_t> targets;
+  std::vector<float> logits(static_cast<std::size_t>(V * rows));  // [V, rows]
   for (std::int64_t r = 0; r < rows; ++r) {
-    const std::vector<float> z = random_row(V, r < 3 ? 0.5 : 0.999, 10 + r);
-    logits.insert(logits.end(), z.begin(), z.end());
-    targets.push_back(r == 5 ? kIgnoreLabel : (r == 2 ? 1 : 0));  // row 2: maybe a masked target
+    z.push_back(random_row(V, r % 6 < 3 ? 0.5 : 0.999, 10 + static_cast<std::uint32_t>(r)));
+    // r % 6 == 2: maybe a masked target; r % 6 == 5: no target
+    targets.push_back(r % 6 == 5 ? kIgnoreLabel : (r % 6 == 2 ? 1 : 0));
+    for (std::int64_t v = 0; v < V; ++v) logits[v * rows + r] = z.back()[v];
   }
-  const std::vector<float> y = logits;
   std::vector<float> stats(3 * rows), lp(rows), ent(rows), g_lp(rows, 0.7f), g_ent(rows, -1.3f);
   TokenLogprobsArgs a{};
   a.logits = logits.data();
@@ -90,6 +93,7 @@ TEST(TokenLogprobsKernelMath, MaskedVocabularyWeighsNothing) {
   a.stats = stats.data();
   a.logprobs = lp.data();
   a.entropy = ent.data();
+  a.vocab_major = true;
   token_logprobs_forward_cpu(a);
   a.grad_logprobs = g_lp.data();
   a.grad_entropy = g_ent.data();
@@ -97,15 +101,14 @@ TEST(TokenLogprobsKernelMath, MaskedVocabularyWeighsNothing) {
   token_logprobs_backward_cpu(a);
   for (std::int64_t r = 0; r < rows; ++r) {
     SCOPED_TRACE("row " + std::to_string(r));
-    const float* g = logits.data() + r * V;
+    auto g = [&](std::int64_t v) { return logits[v * rows + r]; };
     if (targets[r] == kIgnoreLabel) {
       EXPECT_EQ(lp[r], 0.0f);
       EXPECT_EQ(ent[r], 0.0f);
-      for (std::int64_t k = 0; k < V; ++k) ASSERT_EQ(g[k], 0.0f);
+      for (std::int64_t k = 0; k < V; ++k) ASSERT_EQ(g(k), 0.0f);
       continue;
     }
-    const std::vector<float> z(y.begin() + r * V, y.begin() + (r + 1) * V);
-    const Exact want = exact(z, static_cast<std::size_t>(targets[r]), 0.7, -1.3);
+    const Exact want = exact(z[r], static_cast<std::size_t>(targets[r]), 0.7, -1.3);
     EXPECT_LE(lp[r], 0.0f);
     EXPECT_GE(ent[r], 0.0f);
     if (std::isinf(want.logprob))
@@ -114,11 +117,11 @@ TEST(TokenLogprobsKernelMath, MaskedVocabularyWeighsNothing) {
       EXPECT_NEAR(lp[r], want.logprob, 2e-5);
     EXPECT_NEAR(ent[r], want.entropy, 2e-5);
     for (std::int64_t k = 0; k < V; ++k) {
-      ASSERT_FALSE(std::isnan(g[k])) << k;
-      if (z[k] == -INFINITY) {
-        ASSERT_EQ(g[k], 0.0f) << k;
+      ASSERT_FALSE(std::isnan(g(k))) << k;
+      if (z[r][k] == -INFINITY && k != targets[r]) {
+        ASSERT_EQ(g(k), 0.0f) << k;  // (a masked target keeps d lp / d z_t = g_lp)
       }
-      ASSERT_NEAR(g[k], want.grad[k], 2e-5) << k;
+      ASSERT_NEAR(g(k), want.grad[k], 2e-5) << k;
     }
   }
 }

@@ -9,7 +9,7 @@
 namespace cpkit::kernels {
 
 struct CrossEntropyArgs {
-  const float* logits;          // [rows, vocab], contiguous
+  const float* logits;          // [rows, vocab], contiguous (or [vocab, rows]: vocab_major)
   const std::int64_t* targets;  // [rows], kIgnoreLabel = no target
   std::int64_t rows;
   std::int64_t vocab;
@@ -17,14 +17,15 @@ struct CrossEntropyArgs {
   int cp;                     // CP size
   const std::int64_t* count;  // N, the global target count, on the kernel's device; the
                               // kernel forms CP / N itself (no host synchronisation)
-  float* grad;                // [rows, vocab]; may be `logits` itself (computed in place)
+  float* grad;                // as logits; may be `logits` itself (computed in place)
   float* row_loss;            // [rows], unscaled CE, 0 where no target
   float* scale;               // [1]: the loss_scale(cp, N) the gradient carries
+  bool vocab_major;           // logits and grad [vocab, rows]: the fused head's CPU layout
 };
 
 void cross_entropy_cpu(const CrossEntropyArgs& args);
 // Enqueues on `stream` (a cudaStream_t); defined only when CUDA is built. Takes the two-pass
-// kernel unless the cluster kernel is asked for (kernels/cluster_plan.hpp).
+// kernel unless the cluster kernel is asked for (kernels/cluster_plan.hpp). Row-major only.
 void cross_entropy_cuda(const CrossEntropyArgs& args, void* stream);
 // Process-wide choice (tests and benchmarks): kAuto and kTwoPass take the two-pass kernel;
 // kCluster raises where the device or the vocabulary does not allow it. CUDA builds only.

@@ -8,7 +8,7 @@
 namespace cpkit::kernels {
 
 struct TokenLogprobsArgs {
-  const float* logits;          // [rows, vocab] raw head outputs y, contiguous
+  const float* logits;          // [rows, vocab] raw head outputs y, contiguous (or [vocab, rows])
   const std::int64_t* targets;  // [rows], kIgnoreLabel = no target
   std::int64_t rows;
   std::int64_t vocab;
@@ -19,12 +19,13 @@ struct TokenLogprobsArgs {
   float* entropy;              // [rows] forward output, or null (not asked for)
   const float* grad_logprobs;  // [rows] backward upstream
   const float* grad_entropy;   // [rows] backward upstream, or null (zero)
-  float* grad;                 // [rows, vocab] backward output; may be `logits` itself
+  float* grad;                 // as logits, the backward output; may be `logits` itself
+  bool vocab_major;            // logits and grad [vocab, rows]: the fused head's CPU layout
 };
 
 void token_logprobs_forward_cpu(const TokenLogprobsArgs& args);
 void token_logprobs_backward_cpu(const TokenLogprobsArgs& args);
-// Enqueue on `stream` (a cudaStream_t); defined only when CUDA is built.
+// Enqueue on `stream` (a cudaStream_t); defined only when CUDA is built. Row-major only.
 void token_logprobs_forward_cuda(const TokenLogprobsArgs& args, void* stream);
 void token_logprobs_backward_cuda(const TokenLogprobsArgs& args, void* stream);
 

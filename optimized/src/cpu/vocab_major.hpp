@@ -1,0 +1,94 @@
+// Logits stored vocab-major ([vocab, n]: token r's logit v at v * n + r), the layout the fused
+// head's CPU GEMM writes fastest (head_gemms.hpp). Tasks take fixed slices of the vocabulary,
+// so each walks one contiguous stretch of memory, and the SIMD lanes are tokens, so no loop
+// reduces across lanes; a token's per-slice statistics are merged in slice order (results
+// do not depend on the thread count). Compiled twice like the row loops (CPKIT_ROWS_NAMESPACE).
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/token_logprobs.hpp"
+
+namespace cpkit::kernels::CPKIT_ROWS_NAMESPACE {
+
+// Vocabulary entries a task reduces or writes, and a statistics block's share of them
+// (kVocabBlock rows of n floats stay in L1 / L2 between the block's max and its sums).
+constexpr std::int64_t kVocabSlice = 2048;
+constexpr std::int64_t kVocabBlock = 16;
+
+// f(first, last) for each slice [first, last) of the vocabulary, slices in parallel.
+template <class F>
+void for_vocab_slices(std::int64_t vocab, F&& f) {
+  const std::int64_t slices = (vocab + kVocabSlice - 1) / kVocabSlice;
+  at::parallel_for(0, slices, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t s = begin; s < end; ++s)
+      f(s * kVocabSlice, std::min(vocab, (s + 1) * kVocabSlice));
+  });
+}
+
+// Statistics (max, sum and centred sum, kernels/token_logprobs.hpp) of tempered<kCapped>(y)
+// over entries [first, last) for each of the n tokens: per block its max, then its sums
+// against that max, merged per token. kCentred = false leaves the centred sum 0 (the
+// cross-entropy needs only max and sum).
+template <bool kCapped, bool kCentred>
+void slice_statistics(const float* y, std::int64_t n, std::int64_t first, std::int64_t last,
+                      float softcap, float inv_temperature, LogprobStats* stats) {
+  std::vector<float> block_max(static_cast<std::size_t>(n));
+  std::vector<float> sum(static_cast<std::size_t>(n)), centred(static_cast<std::size_t>(n));
+  std::fill(stats, stats + n, logprob_empty());
+  float* m = block_max.data();
+  float* s = sum.data();
+  float* c = centred.data();
+  for (std::int64_t v0 = first; v0 < last; v0 += kVocabBlock) {
+    const std::int64_t v1 = std::min(last, v0 + kVocabBlock);
+    std::fill(m, m + n, -INFINITY);
+    std::fill(s, s + n, 0.0f);
+    std::fill(c, c + n, 0.0f);
+    for (std::int64_t v = v0; v < v1; ++v) {
+      const float* x = y + v * n;
+#pragma omp simd
+      for (std::int64_t k = 0; k < n; ++k) {
+        const float z = tempered<kCapped>(x[k], softcap, inv_temperature);
+        m[k] = z > m[k] ? z : m[k];
+      }
+    }
+    for (std::int64_t v = v0; v < v1; ++v) {
+      const float* x = y + v * n;
+#pragma omp simd
+      for (std::int64_t k = 0; k < n; ++k) {
+        const float d = tempered<kCapped>(x[k], softcap, inv_temperature) - finite_shift(m[k]);
+        const float e = fast_exp(d);
+        s[k] += e;
+        if constexpr (kCentred) c[k] += centred_term(e, d);
+      }
+    }
+    for (std::int64_t k = 0; k < n; ++k) stats[k] = logprob_merge(stats[k], {m[k], s[k], c[k]});
+  }
+}
+
+// Every token's statistics over the whole vocabulary: slices in parallel, merged in order.
+template <bool kCapped, bool kCentred>
+std::vector<LogprobStats> column_statistics(const float* y, std::int64_t n, std::int64_t vocab,
+                                            float softcap, float inv_temperature) {
+  std::vector<LogprobStats> parts(
+      static_cast<std::size_t>(n * ((vocab + kVocabSlice - 1) / kVocabSlice)));
+  for_vocab_slices(vocab, [&](std::int64_t first, std::int64_t last) {
+    slice_statistics<kCapped, kCentred>(y, n, first, last, softcap, inv_temperature,
+                                        parts.data() + first / kVocabSlice * n);
+  });
+  std::vector<LogprobStats> stats(static_cast<std::size_t>(n), logprob_empty());
+  for (std::size_t p = 0; p < parts.size(); ++p)
+    stats[p % n] = logprob_merge(stats[p % n], parts[p]);
+  return stats;
+}
+
+// Sets token r's column of g (vocab-major, n tokens) to `value`: a token without a target.
+inline void fill_column(float* g, std::int64_t n, std::int64_t vocab, std::int64_t r, float value) {
+  for (std::int64_t v = 0; v < vocab; ++v) g[v * n + r] = value;
+}
+
+}  // namespace cpkit::kernels::CPKIT_ROWS_NAMESPACE
