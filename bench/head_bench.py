@@ -6,7 +6,9 @@ Forward + backward of the shifted next-token loss from hidden [1, T, H] and the 
 [V, H] (float32, gradients for both), each contender in its own process so peak memory is its
 own:
 - gemms: the three GEMMs alone (logits = h W^T, d hidden = dlogits W, d weight = dlogits^T h)
-  into preallocated outputs: the work every contender must do, the bound to approach;
+  into preallocated outputs, the logits written vocab-major ([V, T], the faster layout for
+  MKL here): the work every contender must do, the bound to approach;
+- gemms_row_major: the same with the logits written [T, V] (what the other contenders do);
 - cpkit: cpkit.shifted_cp_linear_loss (one rank, default chunk_rows);
 - cpkit_logprobs: cpkit.token_logprobs (default fp32 precision), the loss as minus the mean
   of the per-token log-probabilities (its backward recomputes the logits: four GEMMs);
@@ -39,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-CONTENDERS = ("gemms", "cpkit", "cpkit_logprobs", "cce_compile", "cce_per_token", "eager",
-              "checkpointed")
+CONTENDERS = ("gemms", "gemms_row_major", "cpkit", "cpkit_logprobs", "cce_compile",
+              "cce_per_token", "eager", "checkpointed")
 CHECKPOINT_ROWS = 256
 
 
@@ -63,9 +65,10 @@ def step_of(name: str, hidden, weight, labels):
     """One forward + backward of `name`, returning its loss (or None for the bare GEMMs)."""
     T, V = labels.shape[1], weight.shape[0]
     targets = labels[0, 1:]  # position t predicts token t + 1
-    if name == "gemms":
+    if name in ("gemms", "gemms_row_major"):
         h, w = hidden.detach()[0], weight.detach()
-        logits, dh, dw = torch.empty(T, V), torch.empty_like(h), torch.empty_like(w)
+        logits = torch.empty(T, V) if name == "gemms_row_major" else torch.empty(V, T).t()
+        dh, dw = torch.empty_like(h), torch.empty_like(w)
 
         def gemms():
             torch.mm(h, w.t(), out=logits)
@@ -163,7 +166,7 @@ def main() -> None:
         results[name] = json.loads(child.stdout.splitlines()[-1])
         print(name, results[name], flush=True)
     gemm_s = results["gemms"].get("seconds")
-    for name in CONTENDERS[1:]:
+    for name in CONTENDERS[1:]:  # fractions of the fastest GEMMs' throughput
         entry = results[name]
         if "seconds" in entry and gemm_s:
             entry["gemm_fraction"] = gemm_s / entry["seconds"]  # share of the GEMM-bound speed

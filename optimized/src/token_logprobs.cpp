@@ -79,6 +79,7 @@ class TokenLogprobsFunction : public torch::autograd::Function<TokenLogprobsFunc
     ctx->saved_data["chunk_rows"] = options.chunk_rows;
     ctx->saved_data["entropy"] = options.entropy;
     ctx->mark_non_differentiable({f.values.has_target});
+    ctx->set_materialize_grads(false);  // an unused output's upstream arrives undefined: zero
     const at::Tensor entropy =
         options.entropy ? f.values.entropy : at::zeros_like(f.values.logprobs);
     return {f.values.logprobs, entropy, f.values.has_target};
@@ -159,7 +160,9 @@ TokenLogprobsGrads token_logprobs_backward(const at::Tensor& hidden, const at::T
   const at::NoGradGuard no_grad;
   const at::Tensor t = targets.contiguous().reshape({rows});
   const at::Tensor s = stats.contiguous();
-  const at::Tensor g_lp = upstream_rows(grad_logprobs, targets, "grad_logprobs");
+  const at::Tensor g_lp = grad_logprobs.defined()
+                              ? upstream_rows(grad_logprobs, targets, "grad_logprobs")
+                              : at::Tensor();
   // Fault: the entropy's upstream lost on the way to the kernel (as a None would be).
   const at::Tensor g_ent = grad_entropy.defined() && !detail::fault("entropy_upstream_dropped")
                                ? upstream_rows(grad_entropy, targets, "grad_entropy")
@@ -175,7 +178,7 @@ TokenLogprobsGrads token_logprobs_backward(const at::Tensor& hidden, const at::T
   for (int64_t begin = 0; begin < rows; begin += head.chunk()) {
     const at::Tensor z = head.logits(begin, std::min(head.chunk(), rows - begin));
     kernels::TokenLogprobsArgs a = args_for(z, t, s, begin, options);
-    a.grad_logprobs = g_lp.data_ptr<float>() + begin;
+    a.grad_logprobs = g_lp.defined() ? g_lp.data_ptr<float>() + begin : nullptr;
     a.grad_entropy = g_ent.defined() ? g_ent.data_ptr<float>() + begin : nullptr;
     a.grad = z.data_ptr<float>();
     run_kernel(

@@ -189,8 +189,6 @@ def _logprobs_backward(ctx: Any, grad_lp: Any, grad_ent: Any, *_rest: Any) -> tu
     if grad_lp is None and grad_ent is None:
         return (None, None) + none
     hidden, weight, targets, stats = ctx.saved_tensors
-    if grad_lp is None:
-        grad_lp = torch.zeros_like(targets, dtype=torch.float32)
     softcap, temperature, precision, chunk_rows = ctx.options
     want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     dh, dw = torch.ops.cpkit.token_logprobs_backward(

@@ -131,12 +131,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> token_log
 
 std::tuple<at::Tensor, at::Tensor> token_logprobs_backward_op(
     const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-    const at::Tensor& stats, const at::Tensor& grad_logprobs,
+    const at::Tensor& stats, const std::optional<at::Tensor>& grad_logprobs,
     const std::optional<at::Tensor>& grad_entropy, double softcap, double temperature,
     const std::string& logits_precision, int64_t chunk_rows, bool grad_hidden, bool grad_weight) {
   return checked([&] {
     const TokenLogprobsGrads g = token_logprobs_backward(
-        hidden, weight, targets, stats, grad_logprobs, grad_entropy.value_or(at::Tensor()),
+        hidden, weight, targets, stats, grad_logprobs.value_or(at::Tensor()),
+        grad_entropy.value_or(at::Tensor()),
         logprob_options(softcap, temperature, false, logits_precision, chunk_rows, std::nullopt),
         grad_hidden, grad_weight);
     return std::make_tuple(or_empty(g.hidden, hidden), or_empty(g.weight, weight));
@@ -381,7 +382,7 @@ TORCH_LIBRARY(cpkit, m) {
       "Tensor? layout=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "token_logprobs_backward(Tensor hidden, Tensor weight, Tensor targets, Tensor stats, "
-      "Tensor grad_logprobs, Tensor? grad_entropy, float softcap, float temperature, "
+      "Tensor? grad_logprobs, Tensor? grad_entropy, float softcap, float temperature, "
       "str logits_precision, int chunk_rows, bool grad_hidden, bool grad_weight) "
       "-> (Tensor, Tensor)");
   m.def(

@@ -57,6 +57,18 @@ def test_equals_fp64_log_softmax(softcap, temperature, chunk_rows):
     torch.testing.assert_close(w1.grad.double(), w2.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_entropy_alone_leaves_the_logprob_upstream_none():
+    """A loss of the entropy only: the op's backward gets no log-prob upstream (None, zero in
+    the kernel) and the gradients are the fp64 entropy's."""
+    hidden, weight, labels, valid, up = _case(torch.float32, seed=4)
+    h1, w1 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    (cpkit.token_logprobs(h1, w1, labels, valid, entropy=True).entropy * up[1]).sum().backward()
+    h2, w2 = hidden.double().requires_grad_(True), weight.double().requires_grad_(True)
+    (_truth(h2, w2, labels)[1] * up[1]).sum().backward()
+    torch.testing.assert_close(h1.grad.double(), h2.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(w1.grad.double(), w2.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_bfloat16_precisions():
     """fp32 (the default) keeps the GEMM's fp32 sums: within 2e-4 of fp64 on the same bf16
     values; "input" rounds logits to bf16 (HF's eager numerics) and misses that by far."""

@@ -213,6 +213,30 @@ TEST(TokenLogprobsGradients, OnlyWhatIsAskedFor) {
   EXPECT_FALSE(b.weight.grad().defined());
 }
 
+// A missing upstream is zero: the backward half without a log-prob upstream, and the C++
+// autograd with the entropy alone in the loss (the log-probs' upstream arrives undefined),
+// give the gradient of a zero log-prob upstream.
+TEST(TokenLogprobsGradients, MissingUpstreamIsZero) {
+  const Batch b = make_batch(1, 6, 8, 17, 1.0, at::kFloat);
+  const at::Tensor valid = (b.labels != -100).reshape({-1});
+  TokenLogprobsOptions options;
+  options.entropy = true;
+  const TokenLogprobsForward f =
+      token_logprobs_forward(b.hidden, b.weight, b.labels, valid, nullptr, options);
+  const at::Tensor g_ent = at::randn({1, 6});
+  const TokenLogprobsGrads want = token_logprobs_backward(
+      b.hidden, b.weight, f.targets, f.stats, at::zeros({1, 6}), g_ent, options, true, true);
+  ASSERT_GT(want.hidden.abs().max().item<float>(), 0.0f);
+  const TokenLogprobsGrads got = token_logprobs_backward(b.hidden, b.weight, f.targets, f.stats,
+                                                         at::Tensor(), g_ent, options, true, true);
+  EXPECT_TRUE(at::equal(got.hidden, want.hidden));
+  EXPECT_TRUE(at::equal(got.weight, want.weight));
+  const at::Tensor x = b.hidden.clone().requires_grad_(true);
+  const TokenLogprobs r = token_logprobs(x, b.weight, b.labels, valid, nullptr, options);
+  (r.entropy * g_ent).sum().backward();
+  EXPECT_TRUE(at::equal(x.grad(), want.hidden));
+}
+
 // Each bad option names its argument and value.
 TEST(TokenLogprobsErrors, NameTheArgument) {
   const Batch b = make_batch(1, 6, 8, 17, 1.0, at::kFloat);

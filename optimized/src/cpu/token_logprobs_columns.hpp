@@ -53,7 +53,7 @@ void backward_columns(const TokenLogprobsArgs& a) {
     row_max[r] = a.stats[3 * r];
     ls[r] = a.stats[3 * r + 1];
     mean_centred[r] = a.stats[3 * r + 2];
-    g_lp[r] = a.grad_logprobs[r];
+    g_lp[r] = a.grad_logprobs ? a.grad_logprobs[r] : 0.0f;
     g_ent[r] = a.grad_entropy ? a.grad_entropy[r] : 0.0f;
     // Read before the gradient overwrites it (g may be y).
     if (in_vocabulary(target, a.vocab)) y_target[r] = a.logits[target * n + r];

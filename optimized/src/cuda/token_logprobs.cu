@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(TokenLogprobsArgs a)
   }
   const float* saved = a.stats + 3 * row;
   const RowStats r{saved[0], saved[1], saved[2]};
-  const float g_lp = a.grad_logprobs[row];
+  const float g_lp = a.grad_logprobs ? a.grad_logprobs[row] : 0.0f;
   const float g_ent = a.grad_entropy ? a.grad_entropy[row] : 0.0f;
   // Each element is read and written by the same thread: in place is safe.
   for (std::int64_t k = threadIdx.x; k < a.vocab; k += kThreads)

@@ -17,7 +17,7 @@ struct TokenLogprobsArgs {
   float* stats;                // [rows, 3] RowStats: written by the forward, read by the backward
   float* logprobs;             // [rows] forward output, 0 where no target
   float* entropy;              // [rows] forward output, or null (not asked for)
-  const float* grad_logprobs;  // [rows] backward upstream
+  const float* grad_logprobs;  // [rows] backward upstream, or null (zero)
   const float* grad_entropy;   // [rows] backward upstream, or null (zero)
   float* grad;                 // as logits, the backward output; may be `logits` itself
   bool vocab_major;            // logits and grad [vocab, rows]: the fused head's CPU layout

@@ -54,7 +54,7 @@ struct TokenLogprobsGrads {
   at::Tensor hidden;  // [B, L, H], hidden's dtype; undefined when not asked for
   at::Tensor weight;  // [V, H], weight's dtype; undefined when not asked for
 };
-// grad_logprobs [B, L] and grad_entropy [B, L] (undefined: zero) are the upstream gradients.
+// grad_logprobs [B, L] and grad_entropy [B, L] are the upstream gradients (each undefined: zero).
 TokenLogprobsGrads token_logprobs_backward(const at::Tensor& hidden, const at::Tensor& weight,
                                            const at::Tensor& targets, const at::Tensor& stats,
                                            const at::Tensor& grad_logprobs,
