@@ -8,7 +8,6 @@
 #include "cpu/vocab_major.hpp"
 #include "kernels/cross_entropy.hpp"
 #include "kernels/cross_entropy_launch.hpp"
-#include "kernels/targets.hpp"
 
 namespace cpkit::kernels::CPKIT_ROWS_NAMESPACE {
 
@@ -17,39 +16,27 @@ void columns(const CrossEntropyArgs& a, float scale) {
   const std::int64_t n = a.rows;
   const std::vector<LogprobStats> stats =
       column_statistics<kCapped, false>(a.logits, n, a.vocab, a.softcap, 1.0f);
+  const std::vector<float> y_target = target_logits(a.logits, a.targets, n, a.vocab);
   std::vector<float> row_max(static_cast<std::size_t>(n)), ls(static_cast<std::size_t>(n));
-  std::vector<float> target_y(static_cast<std::size_t>(n));
   for (std::int64_t r = 0; r < n; ++r) {
-    const std::int64_t target = a.targets[r];
     const OnlineSoftmax s{stats[r].max, stats[r].sum};
     row_max[r] = s.max;
     ls[r] = log_sum(s);
-    if (target == kIgnoreLabel || !in_vocabulary(target, a.vocab)) {
-      a.row_loss[r] = target == kIgnoreLabel ? 0.0f : NAN;
-    } else {
-      target_y[r] = a.logits[target * n + r];  // read before the gradient overwrites it
-      a.row_loss[r] = cross_entropy_value(capped<kCapped>(target_y[r], a.softcap), s);
-    }
+    a.row_loss[r] = reads_target(a.targets[r], a.vocab)
+                        ? cross_entropy_value(capped<kCapped>(y_target[r], a.softcap), s)
+                        : without_target(a.targets[r]);
   }
   const float* m = row_max.data();
   const float* l = ls.data();
-  for_vocab_slices(a.vocab, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t v = first; v < last; ++v) {
-      const float* y = a.logits + v * n;
-      float* g = a.grad + v * n;
-#pragma omp simd
-      for (std::int64_t k = 0; k < n; ++k)
-        g[k] = cross_entropy_grad<kCapped>(y[k], false, m[k], l[k], a.softcap, scale);
-    }
-  });
-  for (std::int64_t r = 0; r < n; ++r) {
-    const std::int64_t target = a.targets[r];
-    if (target == kIgnoreLabel || !in_vocabulary(target, a.vocab))
-      fill_column(a.grad, n, a.vocab, r, target == kIgnoreLabel ? 0.0f : NAN);
-    else
-      a.grad[target * n + r] =
-          cross_entropy_grad<kCapped>(target_y[r], true, m[r], l[r], a.softcap, scale);
-  }
+  const float softcap = a.softcap;
+  gradient_columns(
+      a.logits, a.grad, a.targets, n, a.vocab, y_target,
+      [=](float y, std::int64_t r) {
+        return cross_entropy_grad<kCapped>(y, false, m[r], l[r], softcap, scale);
+      },
+      [=](float y, std::int64_t r) {
+        return cross_entropy_grad<kCapped>(y, true, m[r], l[r], softcap, scale);
+      });
 }
 
 inline void run_columns(const CrossEntropyArgs& a, float scale) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/targets.hpp"
 #include "kernels/token_logprobs.hpp"
 
 namespace cpkit::kernels::CPKIT_ROWS_NAMESPACE {
@@ -86,9 +87,44 @@ std::vector<LogprobStats> column_statistics(const float* y, std::int64_t n, std:
   return stats;
 }
 
-// Sets token r's column of g (vocab-major, n tokens) to `value`: a token without a target.
-inline void fill_column(float* g, std::int64_t n, std::int64_t vocab, std::int64_t r, float value) {
-  for (std::int64_t v = 0; v < vocab; ++v) g[v * n + r] = value;
+// Whether token r's target is one the kernels read: else its values and gradient are 0 (no
+// target) or NaN (a target outside the vocabulary, value checks off), as the row kernels.
+inline bool reads_target(std::int64_t target, std::int64_t vocab) {
+  return target != kIgnoreLabel && in_vocabulary(target, vocab);
+}
+inline float without_target(std::int64_t target) { return target == kIgnoreLabel ? 0.0f : NAN; }
+
+// Each token's raw target logit, read before a gradient pass overwrites it (g may be y).
+inline std::vector<float> target_logits(const float* y, const std::int64_t* targets, std::int64_t n,
+                                        std::int64_t vocab) {
+  std::vector<float> out(static_cast<std::size_t>(n));
+  for (std::int64_t r = 0; r < n; ++r)
+    if (reads_target(targets[r], vocab)) out[r] = y[targets[r] * n + r];
+  return out;
+}
+
+// The gradient pass: g(r, v) = element(y(r, v), r) for every token and entry, slices in
+// parallel; then each token's target entry target_grad(y_target[r], r), or for a token
+// without one its whole column, without_target.
+template <class Element, class TargetGrad>
+void gradient_columns(const float* y, float* g, const std::int64_t* targets, std::int64_t n,
+                      std::int64_t vocab, const std::vector<float>& y_target, Element element,
+                      TargetGrad target_grad) {
+  for_vocab_slices(vocab, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t v = first; v < last; ++v) {
+      const float* x = y + v * n;
+      float* out = g + v * n;
+#pragma omp simd
+      for (std::int64_t k = 0; k < n; ++k) out[k] = element(x[k], k);
+    }
+  });
+  for (std::int64_t r = 0; r < n; ++r) {
+    if (reads_target(targets[r], vocab)) {
+      g[targets[r] * n + r] = target_grad(y_target[r], r);
+    } else {
+      for (std::int64_t v = 0; v < vocab; ++v) g[v * n + r] = without_target(targets[r]);
+    }
+  }
 }
 
 }  // namespace cpkit::kernels::CPKIT_ROWS_NAMESPACE
