@@ -28,7 +28,6 @@ class HeadGemms {
   HeadGemms(const at::Tensor& hidden, const at::Tensor& weight, LogitsPrecision precision,
             int64_t chunk_rows);
 
-  int64_t rows() const { return hidden_.size(0); }
   int64_t chunk() const { return chunk_; }
 
   // The fp32 logits [n, V] of rows [begin, begin + n), n <= chunk(), in the one chunk buffer
