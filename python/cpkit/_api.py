@@ -102,7 +102,7 @@ def shifted_cp_linear_loss(
     Returns exactly ``shifted_cp_loss(softcap(hidden @ weight.T).float(), labels, valid,
     mesh)``, with gradients for ``hidden`` and ``weight`` computed in the forward, a chunk of
     ``chunk_rows`` token rows at a time (0: as many as fit 256 MiB of fp32 logits and at
-    most 256 rows on CPU, 1 GiB on CUDA). Peak extra memory is about one chunk of logits,
+    most 512 rows on CPU, 1 GiB on CUDA). Peak extra memory is about one chunk of logits,
     whatever ``L`` is. A gradient is computed only for an input that requires one.
     ``layout`` as for :func:`shifted_cp_loss`. ``logits_precision``: ``"input"`` (bf16 heads
     round their logits to bf16, HF's eager numerics) or ``"fp32"`` (the GEMMs' fp32 sums kept).

@@ -101,8 +101,9 @@ TEST_P(LinearLossTest, Bfloat16EqualsTheMaterialisedPath) {
 INSTANTIATE_TEST_SUITE_P(CpSizes, LinearLossTest, ::testing::Values(1, 2, 3));
 
 TEST(LinearLossChunks, DefaultFollowsTheBudget) {
-  // 256 MiB of fp32 logits and <= 256 rows on CPU, 1 GiB on CUDA, rounded down to 64 rows.
-  EXPECT_EQ(default_linear_loss_chunk_rows(204800, 1 << 20, false), 256);       // 327 -> cap 256
+  // 256 MiB of fp32 logits and <= 512 rows on CPU, 1 GiB on CUDA, rounded down to 64 rows.
+  EXPECT_EQ(default_linear_loss_chunk_rows(65536, 1 << 20, false), 512);        // 1024 -> cap 512
+  EXPECT_EQ(default_linear_loss_chunk_rows(204800, 1 << 20, false), 320);       // 327 -> 320
   EXPECT_EQ(default_linear_loss_chunk_rows(1 << 20, 1 << 20, false), 64);       // 64 rows fit
   EXPECT_EQ(default_linear_loss_chunk_rows(204800, 1 << 20, true), 1280);       // 1310 -> 1280
   EXPECT_EQ(default_linear_loss_chunk_rows(32000, 100, false), 100);            // never past rows
