@@ -32,30 +32,39 @@ void for_vocab_slices(std::int64_t vocab, F&& f) {
 }
 
 // Statistics (max, sum and centred sum, kernels/token_logprobs.hpp) of tempered<kCapped>(y)
-// over entries [first, last) for each of the n tokens: per block its max, then its sums
-// against that max, merged per token. kCentred = false leaves the centred sum 0 (the
-// cross-entropy needs only max and sum).
+// over entries [first, last) for each of the n tokens, kept as running vectors: per block its
+// max, the running sums moved to a new max (a factor exp(old - new), 1 while the max holds),
+// then the block's terms against it. Every loop runs over tokens, so all of it vectorises.
+// kCentred = false leaves the centred sum 0 (the cross-entropy needs only max and sum).
 template <bool kCapped, bool kCentred>
 void slice_statistics(const float* y, std::int64_t n, std::int64_t first, std::int64_t last,
                       float softcap, float inv_temperature, LogprobStats* stats) {
-  std::vector<float> block_max(static_cast<std::size_t>(n));
+  std::vector<float> running_max(static_cast<std::size_t>(n), -INFINITY);
   std::vector<float> sum(static_cast<std::size_t>(n)), centred(static_cast<std::size_t>(n));
-  std::fill(stats, stats + n, logprob_empty());
-  float* m = block_max.data();
+  std::vector<float> block_max(static_cast<std::size_t>(n));
+  float* m = running_max.data();
   float* s = sum.data();
   float* c = centred.data();
+  float* b = block_max.data();
   for (std::int64_t v0 = first; v0 < last; v0 += kVocabBlock) {
     const std::int64_t v1 = std::min(last, v0 + kVocabBlock);
-    std::fill(m, m + n, -INFINITY);
-    std::fill(s, s + n, 0.0f);
-    std::fill(c, c + n, 0.0f);
+    std::copy(m, m + n, b);
     for (std::int64_t v = v0; v < v1; ++v) {
       const float* x = y + v * n;
 #pragma omp simd
       for (std::int64_t k = 0; k < n; ++k) {
         const float z = tempered<kCapped>(x[k], softcap, inv_temperature);
-        m[k] = z > m[k] ? z : m[k];
+        b[k] = z > b[k] ? z : b[k];
       }
+    }
+#pragma omp simd
+    for (std::int64_t k = 0; k < n; ++k) {
+      // Finite shifts: sums of a token with no unmasked entry yet are 0 and stay 0.
+      const float d = finite_shift(m[k]) - finite_shift(b[k]);  // <= 0
+      const float f = fast_exp(d);
+      if constexpr (kCentred) c[k] = f * (c[k] + d * s[k]);
+      s[k] *= f;
+      m[k] = b[k];
     }
     for (std::int64_t v = v0; v < v1; ++v) {
       const float* x = y + v * n;
@@ -67,8 +76,8 @@ void slice_statistics(const float* y, std::int64_t n, std::int64_t first, std::i
         if constexpr (kCentred) c[k] += centred_term(e, d);
       }
     }
-    for (std::int64_t k = 0; k < n; ++k) stats[k] = logprob_merge(stats[k], {m[k], s[k], c[k]});
   }
+  for (std::int64_t k = 0; k < n; ++k) stats[k] = {m[k], s[k], c[k]};
 }
 
 // Every token's statistics over the whole vocabulary: slices in parallel, merged in order.
