@@ -17,11 +17,15 @@ own:
   then their mean;
 - eager: F.cross_entropy(F.linear(h, W)) on the shifted targets;
 - checkpointed: 256-row chunks of linear + cross_entropy under torch.utils.checkpoint.
-Time: median of `--repeats` steps after one untimed step. Memory: peak resident set above the
+Time: median of `--repeats` steps after one untimed step; with `--rounds R` every contender
+runs R times (each sweep in a rotated order), its time is the median over rounds and each
+ratio the median of the ratios within a round (this host's speed drifts by 10-20 % over
+minutes). Memory: the largest over rounds of the peak resident set above the
 one after that step (freed memory returned to the OS first, so it counts only what a step
 holds at once; inputs and the weight's gradient from the previous step excluded).
 
-Usage: <torch venv>/bin/python bench/head_bench.py [--T 2048 --H 512 --V 131072] [--out F]
+Usage: <torch venv>/bin/python bench/head_bench.py [--T 2048 --H 512 --V 131072] [--rounds 3]
+       [--out F]
 cut-cross-entropy is an optional bench dependency (pip install cut-cross-entropy==25.1.1).
 """
 
@@ -140,12 +144,51 @@ def measure(name: str, T: int, H: int, V: int, repeats: int) -> dict:
     return out
 
 
+def summarise(rounds: dict) -> dict:
+    """Per contender, from its list of per-round child results: the median time over rounds,
+    the largest peak, the first round's loss; each ratio the median over rounds of the ratio
+    within a round (the host's speed drifts between rounds more than between neighbouring
+    processes). A contender that failed in any round is reported by its first error."""
+    results = {}
+    for name, runs in rounds.items():
+        errors = [run for run in runs if "error" in run]
+        if errors:
+            results[name] = errors[0]
+            continue
+        results[name] = {"seconds": statistics.median(run["seconds"] for run in runs),
+                         "seconds_by_round": [run["seconds"] for run in runs],
+                         "peak_mib": max(run["peak_mib"] for run in runs)}
+        if "loss" in runs[0]:
+            results[name]["loss"] = runs[0]["loss"]
+
+    def by_round(name: str, other: str, ratio) -> float | None:
+        if "seconds" not in results.get(name, {}) or "seconds" not in results.get(other, {}):
+            return None
+        return statistics.median(ratio(a, b) for a, b in zip(
+            results[name]["seconds_by_round"], results[other]["seconds_by_round"]))
+
+    for name in results:
+        if name == "gemms":
+            continue
+        entry = results[name]
+        fraction = by_round(name, "gemms", lambda own, gemm: gemm / own)
+        if fraction is not None:
+            entry["gemm_fraction"] = fraction  # share of the fastest GEMMs' throughput
+        vs_cce = by_round(name, "cce_compile", lambda own, cce: own / cce)
+        if vs_cce is not None:
+            entry["time_vs_cce"] = vs_cce
+            entry["memory_vs_cce"] = entry["peak_mib"] / results["cce_compile"]["peak_mib"]
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--T", type=int, default=2048)
     parser.add_argument("--H", type=int, default=512)
     parser.add_argument("--V", type=int, default=131072)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="sweeps over all contenders, each in a rotated order")
     parser.add_argument("--out", type=pathlib.Path)
     parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -154,25 +197,21 @@ def main() -> None:
         print(json.dumps(measure(args.contender, *shape, args.repeats)))
         return
     results = {"T": args.T, "H": args.H, "V": args.V, "threads": torch.get_num_threads(),
-               "flops_3_gemms": 3 * 2 * args.T * args.H * args.V}
-    for name in CONTENDERS:
-        child = subprocess.run([sys.executable, __file__, "--contender", name, "--T", str(args.T),
-                                "--H", str(args.H), "--V", str(args.V), "--repeats",
-                                str(args.repeats)], capture_output=True, text=True)
-        if child.returncode != 0:  # a missing optional contender is reported, not fatal
-            results[name] = {"error": child.stderr.strip().splitlines()[-1]}
-            print(name, results[name], flush=True)
-            continue
-        results[name] = json.loads(child.stdout.splitlines()[-1])
-        print(name, results[name], flush=True)
-    gemm_s = results["gemms"].get("seconds")
-    for name in CONTENDERS[1:]:  # fractions of the fastest GEMMs' throughput
-        entry = results[name]
-        if "seconds" in entry and gemm_s:
-            entry["gemm_fraction"] = gemm_s / entry["seconds"]  # share of the GEMM-bound speed
-        if "seconds" in entry and "seconds" in results["cce_compile"]:
-            entry["time_vs_cce"] = entry["seconds"] / results["cce_compile"]["seconds"]
-            entry["memory_vs_cce"] = entry["peak_mib"] / results["cce_compile"]["peak_mib"]
+               "rounds": args.rounds, "flops_3_gemms": 3 * 2 * args.T * args.H * args.V}
+    rounds = {name: [] for name in CONTENDERS}  # each round's child result, per contender
+    for r in range(args.rounds):
+        order = CONTENDERS[r % len(CONTENDERS):] + CONTENDERS[:r % len(CONTENDERS)]
+        for name in order:
+            child = subprocess.run([sys.executable, __file__, "--contender", name, "--T",
+                                    str(args.T), "--H", str(args.H), "--V", str(args.V),
+                                    "--repeats", str(args.repeats)],
+                                   capture_output=True, text=True)
+            if child.returncode != 0:  # a missing optional contender is reported, not fatal
+                rounds[name].append({"error": child.stderr.strip().splitlines()[-1]})
+            else:
+                rounds[name].append(json.loads(child.stdout.splitlines()[-1]))
+            print(f"round {r}", name, rounds[name][-1], flush=True)
+    results.update(summarise(rounds))
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:

@@ -29,3 +29,34 @@ def test_contenders_agree(tmp_path):
     assert math.isfinite(eager) and eager > 0, losses
     for name, loss in losses.items():  # NaN fails: comparisons with NaN are False
         assert abs(loss - eager) <= 1e-5 * eager, losses
+
+
+def _bench_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("head_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rounds_compare_within_a_round():
+    # The host got twice as slow in round 1: each ratio is taken within its round, then the
+    # median over rounds; times are medians over rounds, peaks the largest.
+    rounds = {
+        "gemms": [{"seconds": 4.0, "peak_mib": 1.0}, {"seconds": 8.0, "peak_mib": 2.0}],
+        "cpkit": [{"seconds": 5.0, "peak_mib": 30.0, "loss": 2.5},
+                  {"seconds": 9.0, "peak_mib": 20.0, "loss": 2.5}],
+        "cce_compile": [{"seconds": 6.0, "peak_mib": 100.0, "loss": 2.5},
+                        {"seconds": 12.0, "peak_mib": 100.0, "loss": 2.5}],
+        "eager": [{"seconds": 7.0, "peak_mib": 5.0}, {"error": "OutOfMemoryError"}],
+    }
+    out = _bench_module().summarise(rounds)
+    cpkit = out["cpkit"]
+    assert cpkit["seconds"] == 7.0 and cpkit["seconds_by_round"] == [5.0, 9.0]
+    assert cpkit["peak_mib"] == 30.0 and cpkit["loss"] == 2.5
+    assert math.isclose(cpkit["gemm_fraction"], (4.0 / 5.0 + 8.0 / 9.0) / 2)  # not 6 / 7
+    assert math.isclose(cpkit["time_vs_cce"], (5.0 / 6.0 + 9.0 / 12.0) / 2)
+    assert math.isclose(cpkit["memory_vs_cce"], 0.3)
+    assert out["eager"] == {"error": "OutOfMemoryError"}
+    assert "gemm_fraction" not in out["gemms"]
