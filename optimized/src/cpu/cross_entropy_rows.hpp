@@ -98,8 +98,8 @@ void rows(const CrossEntropyArgs& a, float scale, std::int64_t begin, std::int64
     const float* z = a.logits + row * a.vocab;
     float* g = a.grad + row * a.vocab;
     const std::int64_t target = a.targets[row];
-    if (target == kIgnoreLabel || !in_vocabulary(target, a.vocab)) {
-      const float value = target == kIgnoreLabel ? 0.0f : NAN;
+    if (!reads_target(target, a.vocab)) {
+      const float value = without_target(target);
       std::fill(g, g + a.vocab, value);
       a.row_loss[row] = value;
       continue;

@@ -96,13 +96,6 @@ std::vector<LogprobStats> column_statistics(const float* y, std::int64_t n, std:
   return stats;
 }
 
-// Whether token r's target is one the kernels read: else its values and gradient are 0 (no
-// target) or NaN (a target outside the vocabulary, value checks off), as the row kernels.
-inline bool reads_target(std::int64_t target, std::int64_t vocab) {
-  return target != kIgnoreLabel && in_vocabulary(target, vocab);
-}
-inline float without_target(std::int64_t target) { return target == kIgnoreLabel ? 0.0f : NAN; }
-
 // Each token's raw target logit, read before a gradient pass overwrites it (g may be y).
 inline std::vector<float> target_logits(const float* y, const std::int64_t* targets, std::int64_t n,
                                         std::int64_t vocab) {

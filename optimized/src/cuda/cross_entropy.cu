@@ -61,8 +61,8 @@ __global__ void __launch_bounds__(kThreads) two_pass_kernel(CrossEntropyArgs a) 
   float* g = a.grad + row * a.vocab;
   const std::int64_t target = a.targets[row];
   if (row == 0 && threadIdx.x == 0) *a.scale = loss_scale(a.cp, *a.count);
-  if (target == kIgnoreLabel || !in_vocabulary(target, a.vocab)) {
-    const float value = target == kIgnoreLabel ? 0.0f : NAN;
+  if (!reads_target(target, a.vocab)) {
+    const float value = without_target(target);
     for (std::int64_t i = threadIdx.x; i < a.vocab; i += kThreads) g[i] = value;
     if (threadIdx.x == 0) a.row_loss[row] = value;
     return;
@@ -151,8 +151,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   };
   if (first && threadIdx.x == 0 && row == 0) *a.scale = loss_scale(a.cp, *a.count);
-  if (target == kIgnoreLabel || !in_vocabulary(target, a.vocab)) {
-    const float value = target == kIgnoreLabel ? 0.0f : NAN;
+  if (!reads_target(target, a.vocab)) {
+    const float value = without_target(target);
     for (std::int64_t i = mine.begin + threadIdx.x; i < mine.end; i += kThreads)
       store(i, make_float4(value, value, value, value));
     if (head_k >= 0) g[head_k] = value;

@@ -47,9 +47,9 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(TokenLogprobsArgs a) 
   const float* y = a.logits + row * a.vocab;
   const std::int64_t target = a.targets[row];
   float* saved = a.stats + 3 * row;
-  if (target == kIgnoreLabel || !in_vocabulary(target, a.vocab)) {
+  if (!reads_target(target, a.vocab)) {
     if (threadIdx.x == 0) {
-      const float value = target == kIgnoreLabel ? 0.0f : NAN;
+      const float value = without_target(target);
       a.logprobs[row] = value;
       if (a.entropy) a.entropy[row] = value;
       saved[0] = saved[1] = saved[2] = value;
@@ -75,8 +75,8 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(TokenLogprobsArgs a)
   const float* y = a.logits + row * a.vocab;
   float* g = a.grad + row * a.vocab;
   const std::int64_t target = a.targets[row];
-  if (target == kIgnoreLabel || !in_vocabulary(target, a.vocab)) {
-    const float value = target == kIgnoreLabel ? 0.0f : NAN;
+  if (!reads_target(target, a.vocab)) {
+    const float value = without_target(target);
     for (std::int64_t k = threadIdx.x; k < a.vocab; k += kThreads) g[k] = value;
     return;
   }

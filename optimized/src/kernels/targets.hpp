@@ -2,6 +2,7 @@
 // device loops. targets.hpp holds the same rule for whole tensors.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "cpkit/optimized/constants.hpp"
@@ -20,6 +21,15 @@ CPKIT_HOST_DEVICE inline bool is_valid_target(bool padding, std::int64_t label,
 // kernel (value checks off) makes its row's loss and gradient NaN rather than a stray read.
 CPKIT_HOST_DEVICE inline bool in_vocabulary(std::int64_t target, std::int64_t vocab) {
   return target >= 0 && target < vocab;
+}
+
+// Whether a row's target is one the kernels read; else every value and gradient of the row
+// is without_target: 0 for no target, NaN for a target outside the vocabulary.
+CPKIT_HOST_DEVICE inline bool reads_target(std::int64_t target, std::int64_t vocab) {
+  return target != kIgnoreLabel && in_vocabulary(target, vocab);
+}
+CPKIT_HOST_DEVICE inline float without_target(std::int64_t target) {
+  return target == kIgnoreLabel ? 0.0f : NAN;
 }
 
 // Padding tokens carry the ignore label in the sharded labels.
