@@ -1,5 +1,6 @@
 #include "generators.hpp"
 
+#include <algorithm>
 #include <random>
 #include <sstream>
 
@@ -14,9 +15,11 @@ using reference::kSeqLenSentinel;
 
 namespace {
 
-// The blockings whose edges gen_vocab weights (optimized/src/cpu/cross_entropy_rows.hpp's
-// kBlock, AVX2 float lanes, CUDA float4).
-constexpr int kVocabBlockings[] = {512, 8, 4};
+// The blockings whose edges gen_vocab weights (optimized/src/cpu/vocab_slices.hpp's
+// kVocabSlice, cpu/cross_entropy_rows.hpp's kBlock, AVX2 float lanes, CUDA float4).
+constexpr int kVocabBlockings[] = {2048, 512, 8, 4};
+// spec 2b: the balanced layout cuts documents of at least 2 * CP * kLongChunk tokens.
+constexpr int kLongChunk = 64;
 
 IntMatrix random_labels(Eigen::Index rows, Eigen::Index cols, int vocab, int ignore_percent,
                         std::mt19937_64& rng) {
@@ -82,7 +85,7 @@ rc::Gen<int> gen_vocab() {
           return std::max(2, kd.first * block + kd.second);
         }));
   return rc::gen::oneOf(rc::gen::inRange(2, 8), rc::gen::inRange(2, 3000), edges[0], edges[1],
-                        edges[2]);
+                        edges[2], edges[3]);
 }
 
 rc::Gen<int> gen_production_vocab() {
@@ -143,7 +146,20 @@ rc::Gen<PackedCase> gen_packed_case() {
       }
       c.rows.push_back(row);
     }
-    c.tail = *rc::gen::element(0, 0, 1, 5);
+    // One case in eight holds a document on the balanced layout's long threshold (exactly
+    // 2 * CP * 64 tokens, or one fewer); half the rows end exactly on a multiple of
+    // 2 * CP * pad_multiple, so that no layout pads and every rank's slots fill it exactly.
+    if (*rc::gen::inRange(0, 8) == 0)
+      c.rows[0][0].length = 2 * c.cp * kLongChunk - *rc::gen::inRange(0, 2);
+    int slots = 0;
+    for (const auto& row : c.rows) {
+      int used = 0;
+      for (const Doc& d : row) used += d.length + d.extra;
+      slots = std::max(slots, used);
+    }
+    const int multiple = 2 * c.cp * c.pad_multiple;
+    const int fill = (multiple - slots % multiple) % multiple;
+    c.tail = *rc::gen::element(0, 1, 5, fill, fill, fill);
     c.sentinels = *rc::gen::inRange(0, 3);
     c.ignore_percent = *gen_ignore_percent();
     c.logit_scale = *gen_logit_scale();

@@ -30,9 +30,12 @@ struct Agreed {
 at::Tensor exchange_agreed(const at::Tensor& carried, const std::vector<Agreed>& fields,
                            Communicator& comm, bool read, const char* why);
 
-// The one rule for when the agreement table is read on the host: always for tensors whose
-// values are checked (CPU tensors by default; cpkit/optimized/validation.hpp), else the first
-// time this mesh sees `key` (for CUDA tensors each read is a host round trip).
+// The one rule for when the agreement table is read on the host: always for CPU tensors (the
+// table is already there) and for tensors whose values are checked
+// (cpkit/optimized/validation.hpp), else the first time this mesh sees `key` (for CUDA
+// tensors each read is a host round trip). The exchange itself is never skipped: a rank that
+// skipped it on its own history while a peer whose shape changed entered it would leave the
+// two in different collectives (a size mismatch abort under Gloo, a hang under NCCL).
 bool agreement_needs_reading(const at::Tensor& t, const MeshPtr& mesh,
                              std::vector<std::int64_t> key);
 

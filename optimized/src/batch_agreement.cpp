@@ -41,7 +41,7 @@ void check_batch_agrees(const CPBatch& batch, const MeshPtr& mesh, int num_chunk
   };
   std::vector<std::int64_t> key{-2};
   for (const Agreed& f : fields) key.push_back(f.value);
-  if (!agreement_needs_reading(batch.labels, mesh, key)) return;  // seen: no exchange
+  const bool read = agreement_needs_reading(batch.labels, mesh, key);
   // Under the value checks, the values too: a checksum per integer stream (0 when absent or
   // unchecked, so every rank's table has the same width).
   const bool values = check_values_of(batch.labels);
@@ -55,7 +55,7 @@ void check_batch_agrees(const CPBatch& batch, const MeshPtr& mesh, int num_chunk
                                           : at::zeros({}, batch.labels.options()));
   const at::Tensor carried = at::stack(sums);
   const at::Tensor table =
-      exchange_agreed(carried, fields, *mesh, true,
+      exchange_agreed(carried, fields, *mesh, read,
                       "every CP rank must shard the same global batch with the same options");
   if (!values) return;
   const at::Tensor host = table.narrow(1, 0, carried.numel()).cpu();

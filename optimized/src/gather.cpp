@@ -18,12 +18,12 @@ namespace {
 
 constexpr int64_t kMaxDims = 8;
 
-// Every rank publishes its token count, trailing shape and dtype; all compare the same table,
-// so all raise the same error instead of entering a collective with mismatched sizes (a hang)
-// or mismatched dtypes (garbage). Read on the host per agreement_needs_reading: a CUDA rank
-// whose shape changes later while the others' do not is caught by the collective's own size
-// check or timeout (docs/spec.md sections 4 and 6a).
-void check_shapes_agree(const at::Tensor& value, const MeshPtr& mesh) {
+// Every rank publishes its shape, dtype and gather dim; all compare the same table, so all
+// raise the same error instead of entering a collective with mismatched sizes (a hang),
+// mismatched dtypes (garbage) or concatenating along different dims. The exchange runs on
+// every call; the table is read on the host per agreement_needs_reading (docs/spec.md
+// sections 4 and 6a).
+void check_shapes_agree(const at::Tensor& value, int64_t dim, const MeshPtr& mesh) {
   if (value.dim() > kMaxDims)
     raise("value", "has ", value.dim(), " dimensions, at most ", kMaxDims, " are supported");
   static const char* const kSizeNames[kMaxDims] = {"the token count (dimension 0)",
@@ -38,12 +38,13 @@ void check_shapes_agree(const at::Tensor& value, const MeshPtr& mesh) {
   for (int64_t d = 0; d < kMaxDims; ++d)
     fields.push_back({"value", kSizeNames[d], d < value.dim() ? value.size(d) : -1});
   fields.push_back({"value", "the dtype", detail::dtype_code(value), detail::dtype_name});
+  fields.push_back({"dim", "the gather dim", dim});
   std::vector<int64_t> key = value.sizes().vec();
   key.push_back(detail::dtype_code(value));
+  key.push_back(dim);
   const bool read = detail::agreement_needs_reading(value, mesh, key);
-  if (!read) return;  // nothing to learn: no exchange (the key was read before)
-  detail::exchange_agreed(at::empty({0}, value.options().dtype(at::kLong)), fields, *mesh, true,
-                          "every CP rank must gather the same shape and dtype");
+  detail::exchange_agreed(at::empty({0}, value.options().dtype(at::kLong)), fields, *mesh, read,
+                          "every CP rank must gather the same shape and dtype along one dim");
 }
 
 // `dim` of a tensor with `ndim` dimensions (negative counts from the end).
@@ -61,8 +62,9 @@ at::Tensor all_gather_along(const at::Tensor& value, int64_t dim, Communicator& 
   std::vector<int64_t> blocks = in.sizes().vec();
   blocks.insert(blocks.begin(), comm.size());
   at::Tensor out = detail::empty_reusable(blocks, in.options());
-  comm.all_gather(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(in.numel()),
-                  detail::scalar_kind(in, "value"));
+  // An all-gather moves bytes: every dtype travels as its bytes (float64, int32, float8, ...).
+  comm.all_gather(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(in.nbytes()),
+                  ScalarKind::kUInt8);
   return out.movedim(0, dim).flatten(dim, dim + 1);
 }
 
@@ -114,8 +116,10 @@ at::Tensor gather_tokens(const at::Tensor& value, const MeshPtr& mesh, bool diff
   detail::require_defined(value, "value");
   if (value.dim() < 1) raise("value", "needs a token axis, got a 0-d tensor");
   dim = checked_dim(dim, value.dim(), "value");
-  if (cp_size(mesh) > 1) check_shapes_agree(value, mesh);  // first: a dtype one rank lacks
-  detail::scalar_kind(value, "value");                     // raises on every rank alike
+  if (cp_size(mesh) > 1) check_shapes_agree(value, dim, mesh);
+  // The backward reduce-scatters: a dtype the collectives cannot sum raises on every rank
+  // alike (the dtype is agreed), before any payload moves.
+  if (differentiable && value.requires_grad()) detail::scalar_kind(value, "value");
   if (cp_size(mesh) == 1) return differentiable ? value : value.detach();
   if (differentiable) return GatherTokens::apply(value, mesh, dim);
   return all_gather_along(value.detach(), dim, *mesh);

@@ -18,7 +18,6 @@ namespace {
 void check_logits(const at::Tensor& logits) {
   detail::require_defined(logits, "logits");
   detail::require_dim(logits, 3, "logits");
-  detail::require_dtype(logits, at::kFloat, "logits");
   detail::require_contiguous(logits, "logits");
   if (logits.size(0) == 0 || logits.size(1) == 0)
     raise("logits", "empty batch: shape ", detail::shape_of(logits));
@@ -30,8 +29,12 @@ detail::Targets prepare_targets(const at::Tensor& logits, const at::Tensor& labe
                                 const LossOptions& options) {
   check_logits(logits);
   detail::check_softcap(options.softcap);
-  return detail::prepare_targets(labels, valid, logits, "logits", logits.size(2), "logits", mesh,
-                                 options.layout.get());
+  detail::Targets t = detail::prepare_targets(labels, valid, logits, "logits", logits.size(2),
+                                              "logits", mesh, options.layout.get());
+  // After the ranks' agreement, which compares dtypes: one rank's other dtype is then an
+  // agreement error on every rank, not this rank's alone while its peers wait.
+  detail::require_dtype(logits, at::kFloat, "logits");
+  return t;
 }
 
 // The fused kernel: the scaled loss and its gradient for a unit upstream.

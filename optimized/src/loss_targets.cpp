@@ -8,6 +8,7 @@
 #include "agreement.hpp"
 #include "cpkit/optimized/constants.hpp"
 #include "fault_injection.hpp"
+#include "plan_ties.hpp"
 #include "tensor_checks.hpp"
 
 namespace cpkit::detail {
@@ -138,16 +139,18 @@ int64_t first_column(const LayoutPlan* plan, int rank) {
 // runs before the halo, whose sizes it guards.
 at::Tensor global_target_count(const at::Tensor& local_count, const at::Tensor& source,
                                const char* source_name, int64_t vocab, const char* vocab_name,
-                               const MeshPtr& mesh) {
+                               const MeshPtr& mesh, const LayoutPlan* plan) {
   if (cp_size(mesh) == 1) return local_count;
-  const int64_t B = source.size(0), L = source.size(1);
+  const int64_t B = source.size(0), L = source.size(1), layout = plan_fingerprint(plan);
   const std::vector<Agreed> fields{
       {source_name, "the batch size B", B},
       {source_name, "the local length L", L},
       {vocab_name, "the vocabulary size V", vocab},
       {source_name, "the dtype", dtype_code(source), dtype_name},
+      {"layout", "the layout plan", layout, plan_description},
   };
-  const bool read = agreement_needs_reading(source, mesh, {-1, B, L, vocab, dtype_code(source)});
+  const bool read =
+      agreement_needs_reading(source, mesh, {-1, B, L, vocab, dtype_code(source), layout});
   const at::Tensor table = exchange_agreed(local_count, fields, *mesh, read,
                                            "every CP rank must compute the loss of the same batch");
   at::Tensor count =
@@ -162,6 +165,8 @@ Targets prepare_targets(const at::Tensor& labels, const at::Tensor& valid, const
                         const char* source_name, int64_t vocab, const char* vocab_name,
                         const MeshPtr& mesh, const LayoutPlan* plan) {
   check_targets_inputs(labels, valid, source, source_name, vocab);
+  check_plan_tie(valid, "valid", plan);
+  check_plan_tie(labels, "labels", plan);
   if (plan != nullptr && plan->cp_size != cp_size(mesh))
     raise("layout", "was planned for CP = ", plan->cp_size, " but the mesh has ", cp_size(mesh),
           " ranks");
@@ -173,7 +178,7 @@ Targets prepare_targets(const at::Tensor& labels, const at::Tensor& valid, const
       at::where(valid.reshape({B, L}), labels, at::full_like(labels, kIgnoreLabel));
   const at::Tensor count =
       global_target_count(local_target_count(counted, first_column(plan, cp_rank(mesh))), source,
-                          source_name, vocab, vocab_name, mesh);
+                          source_name, vocab, vocab_name, mesh, plan);
   // Rank r owning [r L, (r + 1) L) alone: the next token of its last is rank r + 1's first.
   bool rank_ordered = true;
   for (int r = 0; plan != nullptr && r < plan->cp_size; ++r) {

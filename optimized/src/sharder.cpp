@@ -3,6 +3,7 @@
 
 #include "cpkit/optimized/error.hpp"
 #include "fault_injection.hpp"
+#include "plan_ties.hpp"
 #include "sharder_internal.hpp"
 #include "tensor_checks.hpp"
 
@@ -85,6 +86,8 @@ LocalShard Sharder::local(int index, int rank) const {
     detail::fill_thd_streams(batch_, mb, l, shard);
   else
     detail::fill_bshd_streams(batch_, mb, l, shard);
+  detail::tie_to_plan(shard.labels, l.plan);  // a loss given no plan or another one can tell
+  detail::tie_to_plan(shard.valid, l.plan);
   return shard;
 }
 

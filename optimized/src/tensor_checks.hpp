@@ -28,12 +28,14 @@ inline ScalarKind scalar_kind(const at::Tensor& t, const char* argument) {
       return ScalarKind::kBFloat16;
     case at::kLong:
       return ScalarKind::kInt64;
+    case at::kDouble:
+      return ScalarKind::kFloat64;
     case at::kBool:
     case at::kByte:
       return ScalarKind::kUInt8;
     default:
       raise(argument, "dtype ", t.scalar_type(),
-            " is not supported (float32, float16, bfloat16, int64, bool, uint8)");
+            " is not supported (float32, float64, float16, bfloat16, int64, bool, uint8)");
   }
 }
 

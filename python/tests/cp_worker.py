@@ -203,6 +203,14 @@ def check_gather(mesh, rank: int, cp: int) -> None:
     torch.testing.assert_close(value.grad, torch.full_like(value, cp * (cp + 1) / 2))
     metadata = cpkit.gather_tokens(torch.tensor([rank]), mesh, differentiable=False)
     assert metadata.tolist() == list(range(cp)), metadata
+    # Every dtype torch.distributed.all_gather moves; float64 differentiably too.
+    for dtype in (torch.float64, torch.int32, torch.int8, torch.float8_e4m3fn):
+        got = cpkit.gather_tokens(torch.full((2, 3), rank + 1).to(dtype), mesh)
+        assert got.dtype == dtype and got.double().tolist() == [[r + 1] * 3 for r in range(cp)
+                                                                 for _ in range(2)], (dtype, got)
+    wide = torch.full((2, 3), float(rank), dtype=torch.float64, requires_grad=True)
+    cpkit.gather_tokens(wide, mesh).sum().backward()
+    assert wide.grad.dtype == torch.float64 and torch.equal(wide.grad, torch.full_like(wide, cp))
     # Along the sequence dim of [B, H, S, D] keys (dim 2 and -2): the concatenation in rank
     # order, and the backward sums every rank's upstream slice of this rank's tokens.
     def keys_of(r: int) -> torch.Tensor:
@@ -335,6 +343,15 @@ def check_layout_streams(batch: dict, packed: bool, mesh, rank: int, cp: int,
         expected = torch.zeros(spliced.shape[0], lazy.layout(m)["padded_len"], 4)
         expected[:, lazy.positions(m)] = 1
         assert torch.equal(spliced.grad, expected[:, :spliced.shape[1]]), (layout_kind, m)
+    # The shard remembers its plan: a loss given none raises on every rank, naming layout.
+    local, vocab = sharder.local(0), int(batch["labels"].max()) + 1
+    try:
+        cpkit.shifted_cp_loss(torch.randn(*local["labels"].shape, vocab), local["labels"],
+                              local["valid"], mesh)
+    except cpkit.CPError as error:
+        assert "argument 'layout'" in str(error) and f'"{layout_kind}"' in str(error), error
+    else:
+        raise AssertionError(f"a {layout_kind} shard's loss without its plan did not raise")
 
 
 def expect_disagreement(mesh, rank: int, cp: int, call, argument: str, *parts: str) -> None:
@@ -390,6 +407,9 @@ def check_errors(mesh, rank: int, cp: int) -> None:
             torch.randn(1, 4, 8), torch.randn(vocab + differs, 8),
             torch.randint(0, vocab, (1, 4), generator=gen), torch.ones(4, dtype=torch.bool), mesh),
         "weight", "the vocabulary size V")
+    expect_disagreement(mesh, rank, cp,
+                        lambda differs: cpkit.gather_tokens(torch.zeros(4, 4), mesh, dim=int(differs)),
+                        "dim", "the gather dim")
     # A data loader seeded per rank: same shapes, other tokens.
     expect_disagreement(mesh, rank, cp,
                         lambda differs: cpkit.prepare_cp_inputs(batch(7 + differs), mesh=mesh),

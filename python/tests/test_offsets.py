@@ -79,6 +79,43 @@ def test_varlen_from_offsets_equals_masked_attention(cp, fmt):
         assert s["max_k"] == int((cu_k[1:] - cu_k[:-1]).max())
 
 
+@pytest.mark.parametrize("cp,layout,slots", [(2, "head_tail", [24]), (3, "head_tail", [5, 11, 8]),
+                                              (2, "balanced", [300, 40, 12]),
+                                              (3, "balanced", [400, 9, 23])])
+def test_varlen_over_k_index_equals_masked_attention(cp, layout, slots):
+    """Layouts other than contiguous pick each rank's keys from the rank-order gather with
+    k_index. On rows where a rank holds several pieces of one document (head_tail's head and
+    tail, balanced's long documents cut head-tail), so that k_index lists a prefix more than
+    once, varlen attention over the picked keys equals masked attention over the row."""
+    T = sum(slots)
+    doc = torch.repeat_interleave(torch.arange(len(slots)), torch.tensor(slots))
+    whole = {"position_ids": torch.arange(T), "document_ids": doc + 1,
+             "padding": torch.zeros(T, dtype=torch.bool)}
+    batch = {"input_ids": torch.ones(1, T, dtype=torch.long),
+             "labels": torch.ones(1, T, dtype=torch.long), "seq_lens": torch.tensor([slots]),
+             "seq_lens_padded": torch.tensor([slots]), "qkv_format": "thd"}
+    g = torch.Generator().manual_seed(cp)
+    q, k, v = (torch.randn(T, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    expected = masked(q, k, v, whole)
+    positions = []
+    for rank in range(cp):
+        summary = torch.ops.cpkit.shard_layout(T, cp, rank, 1, layout, slots)
+        assert summary[1] == T, "the case needs no padding"
+        pairs = summary[3:]
+        positions.append(torch.cat([torch.arange(pairs[i], pairs[i + 1])
+                                    for i in range(0, len(pairs), 2)]))
+    gathered_k, gathered_v = (torch.cat([t[p] for p in positions]) for t in (k, v))
+    repeated = 0
+    for rank in range(cp):
+        cu_q, cu_k, _, k_index = torch.ops.cpkit.attention_offsets(
+            batch["input_ids"], None, batch["labels"], None, None, batch["seq_lens"],
+            batch["seq_lens_padded"], "thd", cp, rank, 1, 1, 0, layout)
+        repeated += k_index.numel() - k_index.unique().numel()
+        got = varlen(q[positions[rank]], gathered_k[k_index], gathered_v[k_index], cu_q, cu_k)
+        torch.testing.assert_close(got, expected[positions[rank]], msg=f"rank {rank}")
+    assert repeated > 0, "no rank held two pieces of one document"
+
+
 @pytest.mark.parametrize("cp", [2, 3])
 def test_rows_whose_documents_start_apart_skip_keys_in_empty_query_segments(cp):
     """BSHD rows with different left padding: every row's keys are the slice [k_begin, k_end)

@@ -23,45 +23,31 @@ class StagedMesh final : public Communicator {
   const char* backend() const override { return "staged-gloo"; }
 
   void all_gather(const void* send, void* recv, std::size_t count, ScalarKind kind) override {
-    const std::size_t n = count * bytes(kind), all = n * static_cast<std::size_t>(size());
+    const std::size_t n = count * scalar_bytes(kind), all = n * static_cast<std::size_t>(size());
     std::vector<char> in = to_host(send, n), out(all);
     host_->all_gather(in.data(), out.data(), count, kind);
     to_device(recv, out);
   }
   void reduce_scatter_sum(const void* send, void* recv, std::size_t count,
                           ScalarKind kind) override {
-    const std::size_t n = count * bytes(kind);
+    const std::size_t n = count * scalar_bytes(kind);
     std::vector<char> in = to_host(send, n * static_cast<std::size_t>(size())), out(n);
     host_->reduce_scatter_sum(in.data(), out.data(), count, kind);
     to_device(recv, out);
   }
   void all_reduce_sum(void* data, std::size_t count, ScalarKind kind) override {
-    std::vector<char> buffer = to_host(data, count * bytes(kind));
+    std::vector<char> buffer = to_host(data, count * scalar_bytes(kind));
     host_->all_reduce_sum(buffer.data(), count, kind);
     to_device(data, buffer);
   }
   void shift_from_next(const void* send, void* recv, std::size_t count, ScalarKind kind) override {
-    const std::size_t n = count * bytes(kind);
+    const std::size_t n = count * scalar_bytes(kind);
     std::vector<char> in = to_host(send, n), out = to_host(recv, n);  // last rank keeps recv
     host_->shift_from_next(in.data(), out.data(), count, kind);
     to_device(recv, out);
   }
 
  private:
-  static std::size_t bytes(ScalarKind kind) {
-    switch (kind) {
-      case ScalarKind::kFloat32:
-        return 4;
-      case ScalarKind::kFloat16:
-      case ScalarKind::kBFloat16:
-        return 2;
-      case ScalarKind::kInt64:
-        return 8;
-      case ScalarKind::kUInt8:
-        return 1;
-    }
-    return 1;
-  }
   static void check(cudaError_t status, const char* what) {
     if (status != cudaSuccess)
       throw std::runtime_error(std::string("StagedMesh: ") + what + ": " +

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,8 @@
 #include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "cpkit/optimized/token_logprobs.hpp"
+#include "cpkit/optimized/validation.hpp"
 #include "rank_expectations.hpp"
 
 namespace cpkit {
@@ -104,6 +107,116 @@ TEST_P(AgreementTest, LinearLossVocabulariesThatDifferRaise) {
                       "weight", {"the vocabulary size V", "32", "33"});
 }
 
+// Heads of another dtype on one rank: the losses' agreed fields include the dtype (a rank
+// computing in bf16 while its peers use fp32 would silently change the scaled sum).
+at::ScalarType dtype_of(bool differs) { return differs ? at::kBFloat16 : at::kFloat; }
+
+TEST_P(AgreementTest, LossDtypesThatDifferRaise) {
+  expect_disagreement(GetParam(),
+                      [](bool differs, const MeshPtr& mesh) {
+                        shifted_cp_loss(at::randn({1, 4, 32}).to(dtype_of(differs)),
+                                        at::randint(0, 32, {1, 4}, at::kLong),
+                                        at::ones({4}, at::kBool), mesh);
+                      },
+                      "logits", {"the dtype", "BFloat16", "Float"});
+}
+
+TEST_P(AgreementTest, LinearLossDtypesThatDifferRaise) {
+  expect_disagreement(GetParam(),
+                      [](bool differs, const MeshPtr& mesh) {
+                        shifted_cp_linear_loss(at::randn({1, 4, 8}).to(dtype_of(differs)),
+                                               at::randn({32, 8}).to(dtype_of(differs)),
+                                               at::randint(0, 32, {1, 4}, at::kLong),
+                                               at::ones({4}, at::kBool), mesh);
+                      },
+                      "hidden", {"the dtype", "BFloat16", "Float"});
+}
+
+TEST_P(AgreementTest, TokenLogprobsDtypesThatDifferRaise) {
+  expect_disagreement(GetParam(),
+                      [](bool differs, const MeshPtr& mesh) {
+                        token_logprobs(at::randn({1, 4, 8}).to(dtype_of(differs)),
+                                       at::randn({32, 8}).to(dtype_of(differs)),
+                                       at::randint(0, 32, {1, 4}, at::kLong),
+                                       at::ones({4}, at::kBool), mesh);
+                      },
+                      "hidden", {"the dtype", "BFloat16", "Float"});
+}
+
+// One rank passes a plan and the other none (labels made by hand, so no tie to a shard): the
+// plan is among the losses' agreed fields, so both raise instead of one entering the halo
+// exchange and the other the all-gather (a hang until the group's timeout).
+TEST_P(AgreementTest, LossPlansThatDifferRaise) {
+  expect_disagreement(GetParam(),
+                      [](bool differs, const MeshPtr& mesh) {
+                        const auto plan = std::make_shared<const LayoutPlan>(
+                            plan_layout(LayoutKind::kHeadTail, 8 * mesh->size(), mesh->size()));
+                        shifted_cp_loss(
+                            at::randn({1, 8, 16}), at::randint(0, 16, {1, 8}, at::kLong),
+                            at::ones({8}, at::kBool), mesh, {.layout = differs ? plan : nullptr});
+                      },
+                      "layout", {"the layout plan", "contiguous (no plan)", "fingerprint 0x"});
+}
+
+// gather_tokens along a dim that differs per rank ([4, 4] on every rank: the shapes agree).
+TEST_P(AgreementTest, GatherDimsThatDifferRaise) {
+  expect_disagreement(GetParam(),
+                      [](bool differs, const MeshPtr& mesh) {
+                        gather_tokens(at::zeros({4, 4}), mesh, false, differs ? 1 : 0);
+                      },
+                      "dim", {"the gather dim", "0", "1"});
+}
+
+// With value checks off, a rank whose shape changes after a shape every rank has seen: the
+// agreement exchange still runs on every rank (none skips it on its own history), so all
+// raise instead of one aborting in a collective of another size; the next call works.
+void with_checks_off_after_a_seen_shape(int world,
+                                        const std::function<void(int64_t, const MeshPtr&)>& call,
+                                        const std::string& argument) {
+  expect_disagreement(world,
+                      [&](bool differs, const MeshPtr& mesh) {
+                        set_value_checks(ValueChecks::kNever);
+                        call(6, mesh);  // seen by every rank
+                        call(differs ? 7 : 6, mesh);
+                      },
+                      argument, {"rank"});
+}
+
+TEST_P(AgreementTest, ChecksOffGatherShapeChangeRaises) {
+  with_checks_off_after_a_seen_shape(
+      GetParam(),
+      [](int64_t n, const MeshPtr& mesh) {
+        gather_tokens(at::zeros({n, 3}), mesh, false);
+      },
+      "value");
+}
+
+TEST_P(AgreementTest, ChecksOffLossShapeChangeRaises) {
+  with_checks_off_after_a_seen_shape(
+      GetParam(), [](int64_t n, const MeshPtr& mesh) { loss_of(1, n, 16, mesh); }, "logits");
+}
+
+TEST_P(AgreementTest, ChecksOffLinearLossShapeChangeRaises) {
+  with_checks_off_after_a_seen_shape(
+      GetParam(),
+      [](int64_t n, const MeshPtr& mesh) {
+        shifted_cp_linear_loss(at::randn({1, n, 8}), at::randn({16, 8}),
+                               at::randint(0, 16, {1, n}, at::kLong), at::ones({n}, at::kBool),
+                               mesh);
+      },
+      "hidden");
+}
+
+TEST_P(AgreementTest, ChecksOffTokenLogprobsShapeChangeRaises) {
+  with_checks_off_after_a_seen_shape(
+      GetParam(),
+      [](int64_t n, const MeshPtr& mesh) {
+        token_logprobs(at::randn({1, n, 8}), at::randn({16, 8}),
+                       at::randint(0, 16, {1, n}, at::kLong), at::ones({n}, at::kBool), mesh);
+      },
+      "hidden");
+}
+
 CPBatch ids_batch(int64_t S, uint64_t seed) {
   at::manual_seed(seed);
   CPBatch b;
@@ -162,6 +275,38 @@ TEST_P(AgreementTest, ShardingDifferentOptionsRaise) {
                                           {.pad_multiple = differs ? 2 : 1});
                       },
                       "pad_multiple", {"pad_multiple is ", "1", "2"});
+}
+
+TEST_P(AgreementTest, ChecksOffShardingShapeChangeRaises) {
+  with_checks_off_after_a_seen_shape(
+      GetParam(),
+      [](int64_t n, const MeshPtr& mesh) { prepare_cp_inputs(ids_batch(2 * n, 1), mesh); },
+      "labels");
+}
+
+// A loss given no plan for a shard cut with the balanced layout (every rank alike) would read
+// each fragment's next token from the wrong place; the shard's valid remembers its plan.
+TEST_P(AgreementTest, LossWithoutTheShardsPlanRaises) {
+  expect_all_ranks_ok(run_ranks(GetParam(), [](int, const MeshPtr& mesh) {
+    CPBatch b = ids_batch(600, 1);
+    b.input_ids = b.input_ids.narrow(0, 0, 1);
+    b.labels = b.labels.narrow(0, 0, 1);
+    b.qkv_format = "thd";
+    b.seq_lens = at::tensor(std::vector<int64_t>{520, 80}).unsqueeze(0);
+    b.seq_lens_padded = b.seq_lens.clone();
+    const LocalShard l =
+        prepare_packed_cp_inputs(b, mesh, 1, true, {.layout = LayoutKind::kBalanced}).local(0);
+    const at::Tensor logits = at::randn({1, l.layout.local_len, 50});
+    shifted_cp_loss(logits, l.labels, l.valid, mesh, {.layout = l.layout.plan});  // passes
+    try {
+      shifted_cp_loss(logits, l.labels, l.valid, mesh);
+    } catch (const Error& e) {
+      require(e.argument() == "layout", std::string("names 'layout': ") + e.what());
+      require(std::string(e.what()).find("\"balanced\"") != std::string::npos, e.what());
+      return;
+    }
+    throw std::runtime_error("no error for a balanced shard's loss without its plan");
+  }));
 }
 
 TEST_P(AgreementTest, AgreeingRanksPass) {

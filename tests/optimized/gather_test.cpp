@@ -38,22 +38,39 @@ TEST_P(GatherTokensTest, ForwardIsRankOrderConcatenation) {
   }));
 }
 
+// Every dtype torch.distributed.all_gather moves travels as its bytes: float64, int32, int8,
+// float8 and bool, compared in double (float8 has no equality kernel of its own).
+TEST_P(GatherTokensTest, ForwardMovesEveryDtype) {
+  const int world = GetParam();
+  expect_all_ranks_ok(run_ranks(world, [world](int rank, const MeshPtr& mesh) {
+    for (auto dtype : {at::kDouble, at::kInt, at::kChar, at::kFloat8_e4m3fn, at::kBool}) {
+      std::vector<at::Tensor> all;
+      for (int r = 0; r < world; ++r) all.push_back(rank_value(r, 5, dtype));
+      const at::Tensor gathered = gather_tokens(all[rank], mesh, /*differentiable=*/false);
+      require(gathered.scalar_type() == dtype, "keeps the dtype");
+      require_equal(gathered.to(at::kDouble), at::cat(all, 0).to(at::kDouble), "gathered rows");
+    }
+  }));
+}
+
 TEST_P(GatherTokensTest, BackwardSumsEveryRanksGradientOntoTheOwner) {
   const int world = GetParam();
   expect_all_ranks_ok(run_ranks(world, [world](int rank, const MeshPtr& mesh) {
     const int64_t n = 4;
-    at::Tensor value = rank_value(rank, n, at::kFloat).requires_grad_(true);
-    const at::Tensor gathered = gather_tokens(value, mesh, /*differentiable=*/true);
-    require(gathered.requires_grad(), "differentiable gather keeps the graph");
-    // Upstream weighted by (rank + 1): a mean or a narrow instead of the sum is caught.
-    auto upstream = [&](int r) {
-      at::manual_seed(2000 + r);
-      return at::randn(gathered.sizes()) * static_cast<double>(r + 1);
-    };
-    (gathered * upstream(rank)).sum().backward();
-    at::Tensor expected = at::zeros_like(value);
-    for (int q = 0; q < world; ++q) expected += upstream(q).narrow(0, rank * n, n);
-    require_close(value.grad(), expected, 1e-6, 1e-6, "owner gradient");
+    for (auto dtype : {at::kFloat, at::kDouble}) {
+      at::Tensor value = rank_value(rank, n, dtype).requires_grad_(true);
+      const at::Tensor gathered = gather_tokens(value, mesh, /*differentiable=*/true);
+      require(gathered.requires_grad(), "differentiable gather keeps the graph");
+      // Upstream weighted by (rank + 1): a mean or a narrow instead of the sum is caught.
+      auto upstream = [&](int r) {
+        at::manual_seed(2000 + r);
+        return at::randn(gathered.sizes(), gathered.options()) * static_cast<double>(r + 1);
+      };
+      (gathered * upstream(rank)).sum().backward();
+      at::Tensor expected = at::zeros_like(value);
+      for (int q = 0; q < world; ++q) expected += upstream(q).narrow(0, rank * n, n);
+      require_close(value.grad(), expected, 1e-6, 1e-6, "owner gradient");
+    }
   }));
 }
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cpkit/optimized/error.hpp"
@@ -151,6 +152,39 @@ TEST(Layout, BalancedMeetsItsWorkTargets) {
                 1.4);
     }
   }
+}
+
+// Rank r's fragments as (begin, end) pairs.
+std::vector<std::vector<std::pair<int64_t, int64_t>>> ranges(const LayoutPlan& plan) {
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> out;
+  for (const auto& list : plan.fragments) {
+    out.emplace_back();
+    for (const Fragment& f : list) out.back().emplace_back(f.begin, f.end);
+  }
+  return out;
+}
+
+// Spec 2b step 3 by hand, CP 2, slots 1 1 1 2 3 (T 8, L 4; all short: 2 * CP * 64 = 256).
+// By decreasing length: [5, 8) -> rank 0 (both work 0, lowest rank; work 6, room 1);
+// [3, 5) -> rank 1 (the only room; work 3, room 2); [0, 1) -> rank 1 (less work than rank 0,
+// whose room 1 fits exactly; work 4, room 1); [1, 2) -> rank 1 (fits exactly, less work;
+// room 0); [2, 3) -> rank 0 (fits exactly). A rule that needs room to spare would cut [1, 2)
+// onto rank 0 instead.
+TEST(Layout, BalancedPlacesDocumentsThatFitARankExactly) {
+  using R = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(ranges(plan_balanced({1, 1, 1, 2, 3}, 8, 2)),
+            (std::vector<R>{{{2, 3}, {5, 8}}, {{0, 2}, {3, 5}}}));
+}
+
+// Step 2's threshold by hand at CP 2: a document of exactly 2 * CP * 64 = 256 tokens is long,
+// cut head-tail into four chunks of 64 (rank 0: chunks 0 and 3, rank 1: chunks 1 and 2); one
+// of 255 (and the row tail's token) is short: it goes whole to no rank (room 128), so rank 0
+// takes its first 128 tokens, rank 1 the rest and then the tail.
+TEST(Layout, BalancedCutsADocumentOfExactlyTheLongLengthHeadTail) {
+  using R = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(ranges(plan_balanced({256}, 256, 2)),
+            (std::vector<R>{{{0, 64}, {192, 256}}, {{64, 192}}}));
+  EXPECT_EQ(ranges(plan_balanced({255}, 256, 2)), (std::vector<R>{{{0, 128}}, {{128, 256}}}));
 }
 
 TEST(Layout, BadKindsAreNamed) {

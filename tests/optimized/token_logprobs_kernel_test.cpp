@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cpkit/optimized/constants.hpp"
+#include "cpu/vocab_slices.hpp"
 #include "kernels/token_logprobs.hpp"
 #include "kernels/token_logprobs_launch.hpp"
 
@@ -71,16 +72,20 @@ TEST(TokenLogprobsKernelMath, StridedSharesMergeToTheWholeRow) {
 // Rows with masked vocabulary entries through the CPU kernels, in place and vocab-major (the
 // fused head's CPU layout; 70 tokens: a full lane group and a partial one): finite values
 // equal to the distribution over the unmasked entries, 0 gradient on masked ones, lp <= 0,
-// H >= 0.
-TEST(TokenLogprobsKernelMath, MaskedVocabularyWeighsNothing) {
-  const std::int64_t V = 1500, rows = 70;
+// H >= 0. Vocabularies inside one slice, a whole number of slices, and one entry past them.
+class TokenLogprobsVocab : public ::testing::TestWithParam<std::int64_t> {};
+
+TEST_P(TokenLogprobsVocab, MaskedVocabularyWeighsNothing) {
+  const std::int64_t V = GetParam(), rows = 70;
   std::vector<std::vector<float>> z;
   std::vector<std::int64_t> targets;
   std::vector<float> logits(static_cast<std::size_t>(V * rows));  // [V, rows]
   for (std::int64_t r = 0; r < rows; ++r) {
     z.push_back(random_row(V, r % 6 < 3 ? 0.5 : 0.999, 10 + static_cast<std::uint32_t>(r)));
-    // r % 6 == 2: maybe a masked target; r % 6 == 5: no target
-    targets.push_back(r % 6 == 5 ? kIgnoreLabel : (r % 6 == 2 ? 1 : 0));
+    // r % 6 == 2: maybe a masked target; r % 6 == 4: the last entry (unmasked), in the last
+    // slice; r % 6 == 5: no target
+    targets.push_back(r % 6 == 5 ? kIgnoreLabel : (r % 6 == 2 ? 1 : (r % 6 == 4 ? V - 1 : 0)));
+    if (r % 6 == 4) z.back()[static_cast<std::size_t>(V - 1)] = z.back()[0] + 1.0f;
     for (std::int64_t v = 0; v < V; ++v) logits[v * rows + r] = z.back()[v];
   }
   std::vector<float> stats(3 * rows), lp(rows), ent(rows), g_lp(rows, 0.7f), g_ent(rows, -1.3f);
@@ -125,6 +130,9 @@ TEST(TokenLogprobsKernelMath, MaskedVocabularyWeighsNothing) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(SliceEdges, TokenLogprobsVocab,
+                         ::testing::Values(1500, 2 * kVocabSlice, 2 * kVocabSlice + 1));
 
 }  // namespace
 }  // namespace cpkit::kernels

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "agreement.hpp"
 #include "cpkit/optimized/communicator.hpp"
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/gather.hpp"
@@ -90,7 +91,7 @@ class MirrorMesh final : public Communicator {
   std::string group_name() const override { return group_; }
   void all_gather(const void* send, void* recv, std::size_t count, ScalarKind kind) override {
     ++all_gathers;
-    const std::size_t bytes = count * item_size(kind);
+    const std::size_t bytes = count * scalar_bytes(kind);
     std::memcpy(recv, send, bytes);
     std::memcpy(static_cast<char*>(recv) + bytes, send, bytes);
   }
@@ -101,25 +102,12 @@ class MirrorMesh final : public Communicator {
 
  private:
   std::string group_;
-  static std::size_t item_size(ScalarKind kind) {
-    switch (kind) {
-      case ScalarKind::kInt64:
-        return 8;
-      case ScalarKind::kFloat32:
-        return 4;
-      case ScalarKind::kFloat16:
-      case ScalarKind::kBFloat16:
-        return 2;
-      case ScalarKind::kUInt8:
-        return 1;
-    }
-    return 0;
-  }
 };
 
-// Checked every call while value checks apply to the tensor; otherwise once per (mesh,
-// shape, dtype): the second gather of a shape is the data collective alone.
-TEST_F(ValueChecksTest, GatherShapesCheckedOncePerMeshAndShapeWhenChecksAreOff) {
+// The agreement exchange runs on every call, whatever the value checks say and whatever
+// this rank has seen: a rank that skipped it on its own history while a peer whose shape
+// changed entered it would leave the two in collectives of different sizes.
+TEST_F(ValueChecksTest, GatherExchangesItsAgreementOnEveryCall) {
   auto mesh = std::make_shared<MirrorMesh>();
   const MeshPtr as_mesh = mesh;
   auto gathers_of = [&](const at::Tensor& value) {
@@ -129,34 +117,32 @@ TEST_F(ValueChecksTest, GatherShapesCheckedOncePerMeshAndShapeWhenChecksAreOff) 
     return mesh->all_gathers - before;
   };
   const at::Tensor a = at::randn({3, 2}), b = at::randn({5, 2});
-  EXPECT_EQ(gathers_of(a), 2);  // CPU tensors: checked every call by default
-  EXPECT_EQ(gathers_of(a), 2);
-  set_value_checks(ValueChecks::kNever);
-  EXPECT_EQ(gathers_of(a), 2);  // first sighting on this mesh
-  EXPECT_EQ(gathers_of(a), 1);
-  EXPECT_EQ(gathers_of(b), 2);                    // a new shape
-  EXPECT_EQ(gathers_of(a.to(at::kBFloat16)), 2);  // a new dtype
-  EXPECT_EQ(gathers_of(b), 1);
-  EXPECT_EQ(gathers_of(a), 1);
-  const MeshPtr other = std::make_shared<MirrorMesh>();
-  EXPECT_EQ(gather_tokens(a, other, false).size(0), 6);
-  EXPECT_EQ(static_cast<MirrorMesh&>(*other).all_gathers, 2);  // a new mesh
+  for (const ValueChecks checks : {ValueChecks::kCpuOnly, ValueChecks::kNever}) {
+    set_value_checks(checks);
+    EXPECT_EQ(gathers_of(a), 2);
+    EXPECT_EQ(gathers_of(a), 2);  // seen: exchanged all the same
+    EXPECT_EQ(gathers_of(b), 2);
+    EXPECT_EQ(gathers_of(a.to(at::kBFloat16)), 2);
+  }
 }
 
-// Meshes rebuilt around one named group (the Python ops build one per call) share what was
-// checked: the second mesh of group "g" checks nothing already checked; another group does.
-TEST_F(ValueChecksTest, GatherShapesCheckedOncePerGroupAcrossRebuiltMeshes) {
+// When the table is read on the host: always for CPU tensors and under the value checks;
+// for device tensors (meta stands in for CUDA here) with checks off, once per key per mesh,
+// per named group across rebuilt meshes (the Python ops build one per call).
+TEST_F(ValueChecksTest, AgreementReadOncePerKeyAndGroupForDeviceTensorsWithChecksOff) {
+  const at::Tensor cpu = at::zeros({2}), device = at::empty({2}, at::device(at::kMeta));
+  const MeshPtr g = std::make_shared<MirrorMesh>("g"), h = std::make_shared<MirrorMesh>("h");
+  const MeshPtr g_again = std::make_shared<MirrorMesh>("g");
   set_value_checks(ValueChecks::kNever);
-  const at::Tensor a = at::randn({4, 3});
-  auto gathers_on = [&](const std::string& group) {
-    auto mesh = std::make_shared<MirrorMesh>(group);
-    gather_tokens(a, mesh, false);
-    return mesh->all_gathers;
-  };
-  EXPECT_EQ(gathers_on("g"), 2);
-  EXPECT_EQ(gathers_on("g"), 1);
-  EXPECT_EQ(gathers_on("h"), 2);
-  EXPECT_EQ(gathers_on("g"), 1);
+  EXPECT_TRUE(detail::agreement_needs_reading(cpu, g, {1}));
+  EXPECT_TRUE(detail::agreement_needs_reading(cpu, g, {1}));
+  EXPECT_TRUE(detail::agreement_needs_reading(device, g, {2}));
+  EXPECT_FALSE(detail::agreement_needs_reading(device, g, {2}));
+  EXPECT_FALSE(detail::agreement_needs_reading(device, g_again, {2}));
+  EXPECT_TRUE(detail::agreement_needs_reading(device, h, {2}));
+  EXPECT_TRUE(detail::agreement_needs_reading(device, g, {3}));
+  set_value_checks(ValueChecks::kAlways);
+  EXPECT_TRUE(detail::agreement_needs_reading(device, g, {2}));
 }
 
 }  // namespace

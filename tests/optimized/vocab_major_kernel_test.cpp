@@ -2,7 +2,8 @@
 // cpu/vocab_major.hpp) against PyTorch in double: every row's loss and gradient, in place,
 // for token counts that leave partial lane groups, vocabularies that leave partial blocks,
 // masked entries, the soft cap, rows without a target (0) and targets outside the
-// vocabulary (NaN, as the row-major kernel).
+// vocabulary (NaN, as the row-major kernel), and vocabularies on the edge of the kernel's
+// slices (a whole number of slices, and one entry into the next).
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "cpkit/optimized/constants.hpp"
+#include "cpu/vocab_slices.hpp"
 #include "kernels/cross_entropy.hpp"
 #include "kernels/cross_entropy_launch.hpp"
 
@@ -18,7 +20,7 @@ namespace cpkit::kernels {
 namespace {
 
 TEST(VocabMajorKernel, CrossEntropyMatchesTorchInDouble) {
-  for (const int64_t V : {33, 1500}) {
+  for (const int64_t V : {int64_t{33}, int64_t{1500}, 2 * kVocabSlice, 2 * kVocabSlice + 1}) {
     for (const int64_t rows : {1, 70, 129}) {
       for (const double softcap : {0.0, 5.0}) {
         const std::string where = "V " + std::to_string(V) + ", rows " + std::to_string(rows) +

@@ -32,6 +32,8 @@ ncclDataType_t nccl_type(ScalarKind kind) {
       return ncclInt64;
     case ScalarKind::kUInt8:
       return ncclUint8;
+    case ScalarKind::kFloat64:
+      return ncclFloat64;
   }
   return ncclUint8;
 }

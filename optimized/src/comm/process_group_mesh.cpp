@@ -20,6 +20,8 @@ at::ScalarType to_scalar_type(ScalarKind kind) {
       return at::kLong;
     case ScalarKind::kUInt8:
       return at::kByte;
+    case ScalarKind::kFloat64:
+      return at::kDouble;
   }
   return at::kByte;
 }

@@ -11,15 +11,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/vocab_slices.hpp"
 #include "kernels/targets.hpp"
 #include "kernels/token_logprobs.hpp"
 
 namespace cpkit::kernels::CPKIT_ROWS_NAMESPACE {
-
-// Vocabulary entries a task reduces or writes, and a statistics block's share of them
-// (kVocabBlock rows of n floats stay in L1 / L2 between the block's max and its sums).
-constexpr std::int64_t kVocabSlice = 2048;
-constexpr std::int64_t kVocabBlock = 16;
 
 // f(first, last) for each slice [first, last) of the vocabulary, slices in parallel.
 template <class F>

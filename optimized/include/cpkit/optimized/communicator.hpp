@@ -9,7 +9,24 @@
 
 namespace cpkit {
 
-enum class ScalarKind : std::uint8_t { kFloat32, kFloat16, kBFloat16, kInt64, kUInt8 };
+enum class ScalarKind : std::uint8_t { kFloat32, kFloat16, kBFloat16, kInt64, kUInt8, kFloat64 };
+
+// Bytes per element of a kind (what a Communicator that stages or copies buffers moves).
+constexpr std::size_t scalar_bytes(ScalarKind kind) {
+  switch (kind) {
+    case ScalarKind::kInt64:
+    case ScalarKind::kFloat64:
+      return 8;
+    case ScalarKind::kFloat32:
+      return 4;
+    case ScalarKind::kFloat16:
+    case ScalarKind::kBFloat16:
+      return 2;
+    case ScalarKind::kUInt8:
+      return 1;
+  }
+  return 1;
+}
 
 class Communicator {
  public:
