@@ -3,12 +3,15 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 
 #include "cpkit/optimized/error.hpp"
+#include "cuda_glue.hpp"
+#include "kernels/agreed_row.hpp"
 #include "tensor_checks.hpp"
 
 namespace cpkit::detail {
@@ -43,12 +46,19 @@ std::string plain(std::int64_t v) { return std::to_string(v); }
 at::Tensor exchange_agreed(const at::Tensor& carried, const std::vector<Agreed>& fields,
                            Communicator& comm, bool read, const char* why) {
   const int64_t k = carried.numel(), width = k + static_cast<int64_t>(fields.size());
-  std::vector<std::int64_t> values;
-  for (const Agreed& f : fields) values.push_back(f.value);
+  if (fields.size() > static_cast<std::size_t>(kernels::kMaxAgreedValues))
+    raise("fields", "an agreement holds at most ", kernels::kMaxAgreedValues, " values, got ",
+          fields.size(), " (internal error)");
+  kernels::AgreedRow row{};
+  for (const Agreed& f : fields) row.values[row.count++] = f.value;
   const auto opts = carried.options().dtype(at::kLong);
   at::Tensor local = at::empty({width}, opts);
   local.narrow(0, 0, k).copy_(carried.reshape({k}));
-  local.narrow(0, k, width - k).copy_(at::tensor(values, at::kLong), /*non_blocking=*/true);
+  std::int64_t* values = local.data_ptr<std::int64_t>() + k;
+  if (local.device().is_cpu())
+    std::copy(row.values, row.values + row.count, values);
+  else  // a kernel argument: no pageable copy, capturable
+    launch_on(local, [&](void* stream) { kernels::write_agreed_row_cuda(values, row, stream); });
   at::Tensor table = at::empty({comm.size(), width}, opts);
   comm.all_gather(local.data_ptr(), table.data_ptr(), static_cast<std::size_t>(width),
                   ScalarKind::kInt64);

@@ -10,6 +10,7 @@
 #include "fault_injection.hpp"
 #include "host_cache_internal.hpp"
 #include "mesh_capsule.hpp"
+#include "plan_index_cache.hpp"
 #include "tensor_checks.hpp"
 
 namespace cpkit {
@@ -132,12 +133,21 @@ at::Tensor restore_order(const at::Tensor& local, const Layout& layout, const Me
   if (plan.cp_size != cp_size(mesh))
     raise("layout", "was planned for CP = ", plan.cp_size, " but the mesh has ", cp_size(mesh),
           " ranks");
+  check_restore_input(local, plan);
+  const at::Tensor gathered = gather_tokens(local, mesh, true, 1);
+  return gathered.index_select(1, restore_index_tensor(plan, local.device()));
+}
+
+at::Tensor restore_index_tensor(const LayoutPlan& plan, const at::Device& device) {
+  return detail::cached_plan_index(plan, -1, "restore_order's permutation", device,
+                                   [&] { return restore_index(plan); });
+}
+
+void check_restore_input(const at::Tensor& local, const LayoutPlan& plan) {
+  detail::require_defined(local, "local");
   if (local.dim() < 2 || local.size(1) != plan.local_len)
     raise("local", "has shape ", detail::shape_of(local), " but [rows, ", plan.local_len,
           ", ...] is required");
-  const at::Tensor gathered = gather_tokens(local, mesh, true, 1);
-  const at::Tensor index = at::tensor(restore_index(plan), at::kLong).to(local.device());
-  return gathered.index_select(1, index);
 }
 
 }  // namespace cpkit

@@ -3,11 +3,14 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <unordered_map>
+#include <vector>
 
 #include "agreement.hpp"
 #include "cpkit/optimized/constants.hpp"
 #include "fault_injection.hpp"
+#include "plan_index_cache.hpp"
 #include "plan_ties.hpp"
 #include "tensor_checks.hpp"
 
@@ -64,52 +67,64 @@ at::Tensor shifted_targets(const at::Tensor& counted, const MeshPtr& mesh) {
 
 // Several fragments per rank: the last token of each predicts the token at the fragment's
 // global end, which starts a fragment of another rank (a rank's adjacent fragments are
-// merged). One all-gather of every rank's fragment-first labels serves all of them.
+// merged). One all-gather of every rank's fragment-first labels serves all of them; the
+// columns sent, the received row each halo comes from and the columns it lands in are index
+// tensors cached per plan and device (plan_index_cache.hpp), so the exchange costs a fixed
+// handful of launches however many fragments a rank holds, and no host-to-device copy.
 at::Tensor shifted_targets(const at::Tensor& counted, const MeshPtr& mesh, const LayoutPlan& plan) {
   const int64_t B = counted.size(0), L = counted.size(1);
   const int cp = plan.cp_size, rank = cp_rank(mesh);
   std::size_t most = 0;  // fragments of the rank holding the most
   for (const auto& list : plan.fragments) most = std::max(most, list.size());
   const auto F = static_cast<int64_t>(most);
-  // Where fragment k of rank q starts, locally: the columns every rank sends.
-  auto local_starts = [&](int q) {
-    std::vector<int64_t> starts;
+  const auto& mine = plan.fragments[static_cast<std::size_t>(rank)];
+  const auto n = static_cast<int64_t>(mine.size());
+  auto index = [&](const char* what, const std::function<std::vector<int64_t>()>& build) {
+    return cached_plan_index(plan, rank, what, counted.device(), build);
+  };
+  // Local column of each fragment's first token (sent) and last token (receives a halo).
+  const at::Tensor first_columns = index("the loss halo's first columns", [&] {
+    std::vector<int64_t> columns;
     int64_t offset = 0;
-    for (const Fragment& f : plan.fragments[static_cast<std::size_t>(q)]) {
-      starts.push_back(offset);
+    for (const Fragment& f : mine) {
+      columns.push_back(offset);
       offset += f.size();
     }
-    return starts;
-  };
-  const std::vector<int64_t> mine = local_starts(rank);
+    return columns;
+  });
+  const at::Tensor last_columns = index("the loss halo's last columns", [&] {
+    std::vector<int64_t> columns;
+    int64_t offset = 0;
+    for (const Fragment& f : mine) columns.push_back((offset += f.size()) - 1);
+    return columns;
+  });
+  // Row of `received` holding the label at each fragment's global end: fragment k of rank q
+  // sits at q * F + k; row cp * F (all -100) for the end of the sequence.
+  const at::Tensor halo_rows = index("the loss halo's rows", [&] {
+    std::unordered_map<int64_t, int64_t> row_of_start;
+    for (int q = 0; q < cp; ++q) {
+      const auto& list = plan.fragments[static_cast<std::size_t>(q)];
+      for (std::size_t k = 0; k < list.size(); ++k)
+        row_of_start[list[k].begin] = q * F + static_cast<int64_t>(k);
+    }
+    std::vector<int64_t> rows;
+    for (const Fragment& f : mine) {
+      const auto found = row_of_start.find(f.end);
+      rows.push_back(found == row_of_start.end() ? cp * F : found->second);
+    }
+    return rows;
+  });
   at::Tensor send = at::full({F, B}, kIgnoreLabel, counted.options());
-  send.narrow(0, 0, static_cast<int64_t>(mine.size()))
-      .copy_(counted.index_select(1, at::tensor(mine, counted.options())).t());
-  at::Tensor received = at::empty({cp * F, B}, counted.options());
+  send.narrow(0, 0, n).copy_(counted.index_select(1, first_columns).t());
+  at::Tensor received = at::full({cp * F + 1, B}, kIgnoreLabel, counted.options());
   mesh->all_gather(send.data_ptr(), received.data_ptr(), static_cast<std::size_t>(F * B),
                    ScalarKind::kInt64);
-  // Global start of each fragment -> its row in `received`.
-  std::unordered_map<int64_t, int64_t> row_of_start;
-  for (int q = 0; q < cp; ++q) {
-    const auto& list = plan.fragments[static_cast<std::size_t>(q)];
-    for (std::size_t k = 0; k < list.size(); ++k)
-      row_of_start[list[k].begin] = q * F + static_cast<int64_t>(k);
-  }
   at::Tensor targets = at::empty({B, L}, counted.options());
   targets.narrow(1, 0, L - 1).copy_(counted.narrow(1, 1, L - 1));
-  std::vector<int64_t> last_columns;
-  int64_t offset = 0;
-  at::Tensor halo =
-      at::full({B, static_cast<int64_t>(mine.size())}, kIgnoreLabel, counted.options());
-  const auto& list = plan.fragments[static_cast<std::size_t>(rank)];
-  for (std::size_t k = 0; k < list.size(); ++k) {
-    offset += list[k].size();
-    last_columns.push_back(offset - 1);
-    const auto found = row_of_start.find(list[k].end);  // none past the sequence's end
-    if (found != row_of_start.end() && !fault("boundary_label_dropped"))
-      halo.select(1, static_cast<int64_t>(k)).copy_(received.select(0, found->second));
-  }
-  targets.index_copy_(1, at::tensor(last_columns, counted.options()), halo);
+  const at::Tensor halo = fault("boundary_label_dropped")
+                              ? at::full({B, n}, kIgnoreLabel, counted.options())
+                              : received.index_select(0, halo_rows).t();
+  targets.index_copy_(1, last_columns, halo);
   return targets;
 }
 // This rank's share of N, before any exchange: every position p > 0 of a global row is

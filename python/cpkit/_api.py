@@ -166,9 +166,8 @@ def restore_order(local: torch.Tensor, layout: torch.Tensor, mesh: Mesh = None) 
     the token axis, then the layout's permutation (``restore_index``, the library's rule).
     Differentiable: each rank's tokens get the gradient summed over the ranks that used
     them. ``layout``: the shard's ``"layout"``."""
-    index = torch.ops.cpkit.restore_index(layout)
-    gathered = gather_tokens(local, mesh, dim=1)
-    return gathered.index_select(1, index.to(gathered.device))
+    index = torch.ops.cpkit.restore_index(layout, local)  # checks local against the plan
+    return gather_tokens(local, mesh, dim=1).index_select(1, index)
 
 
 class Sharder:

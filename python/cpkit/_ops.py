@@ -281,6 +281,6 @@ torch.library.register_autograd(_LIB + "cut_spliced", _cut_backward, setup_conte
 
 
 @torch.library.register_fake(_LIB + "restore_index")
-def _restore_index_fake(layout):  # type: ignore[no-untyped-def]
+def _restore_index_fake(layout, local):  # type: ignore[no-untyped-def]
     padded_len = torch.library.get_ctx().new_dynamic_size()  # inside the plan's values
-    return layout.new_empty((padded_len,))
+    return local.new_empty((padded_len,), dtype=torch.long)

@@ -325,11 +325,13 @@ std::vector<int64_t> layout_fragments_op(const at::Tensor& layout, int64_t rank)
   });
 }
 
-// restore_order's permutation (layout.hpp restore_index) on the plan's device.
-at::Tensor restore_index_op(const at::Tensor& layout) {
+// restore_order's check of `local` and its permutation (layout.hpp restore_index) on local's
+// device: a copy of the library's cached tensor (an output never aliases a cache).
+at::Tensor restore_index_op(const at::Tensor& layout, const at::Tensor& local) {
   return checked([&] {
-    return at::tensor(restore_index(*plan_from_tensor(layout, "layout")), at::kLong)
-        .to(layout.device());
+    const auto plan = plan_from_tensor(layout, "layout");
+    check_restore_input(local, *plan);
+    return restore_index_tensor(*plan, local.device()).clone();
   });
 }
 
@@ -406,7 +408,7 @@ TORCH_LIBRARY(cpkit, m) {
       &shard_layout_op);
   // The same summary of a shard's layout plan; and restore_order's permutation of it.
   m.def("layout_fragments(Tensor layout, int rank) -> int[]", &layout_fragments_op);
-  m.def("restore_index(Tensor layout) -> Tensor");
+  m.def("restore_index(Tensor layout, Tensor local) -> Tensor");
   // Process-wide: not a tensor op, called outside any traced region.
   m.def("set_value_checks(str mode) -> ()", &set_value_checks_op);
   m.def(

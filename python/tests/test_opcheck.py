@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import cpkit  # noqa: F401  (registers torch.ops.cpkit.*)
+import cpkit  # registers torch.ops.cpkit.*
 
 IGNORE = -100
 
@@ -80,10 +80,15 @@ def test_cut_spliced(plan, rank, local_len):
 
 
 def test_restore_index_and_fragments_of_a_plan():
-    torch.library.opcheck(torch.ops.cpkit.restore_index, (HEAD_TAIL_7_CP2,))
+    local = torch.zeros(1, 4)
+    torch.library.opcheck(torch.ops.cpkit.restore_index, (HEAD_TAIL_7_CP2, local))
     # Rank 0 holds [0, 2) and [6, 8), rank 1 [2, 6): gathered = 0 1 6 7 2 3 4 5.
-    assert torch.ops.cpkit.restore_index(HEAD_TAIL_7_CP2).tolist() == [0, 1, 4, 5, 6, 7, 2, 3]
+    assert torch.ops.cpkit.restore_index(HEAD_TAIL_7_CP2, local).tolist() == [0, 1, 4, 5, 6, 7, 2, 3]
+    # A value of the wrong shape is named as restore_order's input, not as a gather's dim.
+    with pytest.raises(ValueError, match=r"argument 'local'.*\[4\].*\[rows, 4, \.\.\.\]"):
+        cpkit.restore_order(torch.zeros(4), HEAD_TAIL_7_CP2)
     assert torch.ops.cpkit.layout_fragments(HEAD_TAIL_7_CP2, 0) == [7, 8, 4, 0, 2, 6, 8]
     assert torch.ops.cpkit.shard_layout(7, 2, 0, 1, "head_tail") == [7, 8, 4, 0, 2, 6, 8]
     with pytest.raises(ValueError, match="argument 'layout'.*rank 1 owns 3 tokens"):
-        torch.ops.cpkit.restore_index(torch.tensor([1, 2, 7, 8, 4, 2, 1, 0, 2, 6, 8, 2, 5]))
+        torch.ops.cpkit.restore_index(torch.tensor([1, 2, 7, 8, 4, 2, 1, 0, 2, 6, 8, 2, 5]),
+                                      local)

@@ -103,7 +103,9 @@ class NcclCommunicator final : public Communicator {
     if (timeout.count() <= 0) raise("timeout", "must be positive, got ", timeout.count(), " ms");
     check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
     check(ncclCommCount(comm_, &size_), "ncclCommCount");
-    if (cudaGetDevice(&device_) != cudaSuccess) raise("device", "cudaGetDevice failed");
+    // The communicator's own device (a caller's communicator may have been made on a device
+    // that is not current now): its stream and completion events live there.
+    check(ncclCommCuDevice(comm_, &device_), "ncclCommCuDevice");
     watch_.emplace(watch_hooks(), timeout);
   }
   // Never hangs on a dead peer: finalize is waited on for at most the timeout, then the
@@ -160,6 +162,11 @@ class NcclCommunicator final : public Communicator {
   template <class Enqueue>
   void run(const char* operation, Enqueue&& enqueue) {
     watch_->enqueue(operation, [&]() -> void* {
+      // The event must be created on the stream's device: a trainer that never called
+      // cudaSetDevice has device 0 current on every rank.
+      const DeviceRestore restore;
+      if (cudaSetDevice(device_) != cudaSuccess)
+        raise("mesh", "cudaSetDevice(", device_, ") before NCCL ", operation, " failed");
       const cudaStream_t s = static_cast<cudaStream_t>(stream_());
       const ncclResult_t started = enqueue(s);
       check_started(started, operation);

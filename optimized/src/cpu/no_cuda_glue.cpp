@@ -3,6 +3,7 @@
 #include "comm/store_meshes.hpp"
 #include "cpkit/optimized/error.hpp"
 #include "cuda_glue.hpp"
+#include "kernels/agreed_row.hpp"
 #include "kernels/bshd_layout.hpp"
 #include "kernels/cross_entropy_launch.hpp"
 #include "kernels/packed_layout_launch.hpp"
@@ -31,6 +32,9 @@ void token_logprobs_backward_cuda(const TokenLogprobsArgs&, void*) {
 }
 void scale_by_upstream_cuda(float*, std::int64_t, const float*, void*) {
   no_cuda_kernels("scale_by_upstream_cuda");
+}
+void write_agreed_row_cuda(std::int64_t*, const AgreedRow&, void*) {
+  no_cuda_kernels("write_agreed_row_cuda");
 }
 
 }  // namespace kernels

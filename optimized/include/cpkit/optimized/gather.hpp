@@ -28,4 +28,12 @@ at::Tensor reduce_scatter_tokens(const at::Tensor& grad, const MeshPtr& mesh, in
 // a rank's own tokens, summed over the ranks that used them).
 at::Tensor restore_order(const at::Tensor& local, const Layout& layout, const MeshPtr& mesh);
 
+// restore_order's permutation (layout.hpp's restore_index) as an int64 tensor on `device`,
+// uploaded once per plan and device and then reused (no host-to-device copy per call).
+at::Tensor restore_index_tensor(const LayoutPlan& plan, const at::Device& device);
+
+// Raises naming `local` unless it is [rows, plan.local_len, ...]: restore_order's check, for
+// front doors that gather themselves (the Python package).
+void check_restore_input(const at::Tensor& local, const LayoutPlan& plan);
+
 }  // namespace cpkit
