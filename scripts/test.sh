@@ -7,27 +7,47 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc)
+# Each stage's wall time, printed at the end (CI's budget is 30 minutes on 2 cores).
+stages=()
+stage_began=$SECONDS
+stage() {
+  local now=$SECONDS
+  stages+=("$(printf '%5d s  %s' $((now - stage_began)) "$1")")
+  stage_began=$now
+}
 "$root/scripts/setup.sh"
+stage setup
 
 echo "== clang-format"
 "$root/scripts/format.sh" --check
+stage clang-format
 
 echo "== build (RelWithDebInfo, warnings are errors)"
 "$root/scripts/build.sh" "$root/build" -DCPKIT_LINE_TABLES_ONLY=ON
+stage build
 echo "== ctest"
 ctest --test-dir "$root/build" --output-on-failure -j "$jobs"
+stage ctest
 
 echo "== python: pip install . into the torch venv (same CMake project), then pytest"
 venv=${CPKIT_TORCH_VENV:-$HOME/.cache/cpkit/torch-2.11.0}
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps "$root"
+stage "python package"
 (cd "$root/python/tests" && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
+stage pytest
 
 echo "== build (ASan + UBSan)"
 "$root/scripts/build.sh" "$root/build-asan" -DCPKIT_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
   -DCPKIT_BUILD_BENCH=OFF -DCPKIT_LINE_TABLES_ONLY=ON
+stage "build (ASan + UBSan)"
 echo "== ctest under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir "$root/build-asan" --output-on-failure -j "$jobs"
+stage "ctest (ASan + UBSan)"
 
 echo "== fuzz: regressions, then 60 s"
 "$root/scripts/fuzz.sh" 60
+stage fuzz
+
+echo "== stage times (total $SECONDS s)"
+printf '%s\n' "${stages[@]}"
