@@ -3,6 +3,7 @@
 
 #include "cpkit/reference/attention.hpp"
 #include "cpkit/reference/batch.hpp"
+#include "cpkit/reference/cp_attention.hpp"
 #include "cpkit/reference/error.hpp"
 #include "cpkit/reference/gather.hpp"
 #include "cpkit/reference/linear_loss.hpp"
