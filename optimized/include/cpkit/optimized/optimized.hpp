@@ -1,6 +1,7 @@
 // Umbrella header of the cpkit optimized path: the LibTorch API trainers link.
 #pragma once
 
+#include "cpkit/optimized/attention_plan.hpp"
 #include "cpkit/optimized/batch.hpp"
 #include "cpkit/optimized/communicator.hpp"
 #include "cpkit/optimized/constants.hpp"

@@ -1,0 +1,105 @@
+// Needed keys per (receiver, owner): key j of document d at position p is needed by rank r
+// when one of r's queries of document d has a position in [p, p + W) (or >= p without a
+// window). Per row and document, each rank's query positions sorted once; each key is then
+// one binary search per receiving rank.
+#include "cpkit/optimized/attention_plan.hpp"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <utility>
+
+#include "cpkit/optimized/error.hpp"
+
+namespace cpkit {
+
+namespace {
+
+// One rank's tokens of one row: (document, position, padding), host copies.
+struct RowMeta {
+  std::vector<std::int64_t> document, position;
+  std::vector<bool> padding;
+};
+
+std::vector<RowMeta> row_meta(const LocalShard& l) {
+  const at::Tensor doc = l.document_ids.to(at::kCPU).to(at::kLong).contiguous();
+  const at::Tensor pos = l.position_ids.to(at::kCPU).to(at::kLong).contiguous();
+  const at::Tensor pad = l.padding.to(at::kCPU).to(at::kBool).contiguous();
+  const std::int64_t rows = doc.size(0), L = doc.size(1);
+  std::vector<RowMeta> out(static_cast<std::size_t>(rows));
+  for (std::int64_t b = 0; b < rows; ++b) {
+    RowMeta& m = out[static_cast<std::size_t>(b)];
+    const std::int64_t* d = doc.const_data_ptr<std::int64_t>() + b * L;
+    const std::int64_t* p = pos.const_data_ptr<std::int64_t>() + b * L;
+    const bool* f = pad.const_data_ptr<bool>() + b * L;
+    m.document.assign(d, d + L);
+    m.position.assign(p, p + L);
+    m.padding.assign(f, f + L);
+  }
+  return out;
+}
+
+// Sorted query positions of one rank's row, by document (documents > 0 only: the others see
+// nothing, section 3).
+std::map<std::int64_t, std::vector<std::int64_t>> queries_by_document(const RowMeta& m) {
+  std::map<std::int64_t, std::vector<std::int64_t>> out;
+  for (std::size_t i = 0; i < m.document.size(); ++i)
+    if (m.document[i] > 0) out[m.document[i]].push_back(m.position[i]);
+  for (auto& [doc, positions] : out) std::sort(positions.begin(), positions.end());
+  return out;
+}
+
+// Whether a query position in `sorted` lies in [p, p + window) ([p, inf) for window 0).
+bool seen_by(const std::vector<std::int64_t>& sorted, std::int64_t p, std::int64_t window) {
+  const auto first = std::lower_bound(sorted.begin(), sorted.end(), p);
+  return first != sorted.end() && (window == 0 || *first - p < window);
+}
+
+}  // namespace
+
+std::int64_t AttentionPlan::received_keys() const {
+  std::int64_t total = 0;
+  for (const auto& list : recv) total += static_cast<std::int64_t>(list.size());
+  return total;
+}
+
+AttentionPlan attention_plan(const Sharder& sharder, int microbatch, int rank,
+                             std::int64_t window) {
+  if (window < 0) raise("window", "must be >= 0 (0: no window), got ", window);
+  const int cp = sharder.cp_size();
+  if (rank < 0 || rank >= cp) raise("rank", "must be in [0, ", cp, "), got ", rank);
+  std::vector<std::vector<RowMeta>> meta;  // [owner][row]
+  for (int o = 0; o < cp; ++o) meta.push_back(row_meta(sharder.local(microbatch, o)));
+  AttentionPlan plan;
+  plan.cp_size = cp;
+  plan.rank = rank;
+  plan.rows = static_cast<std::int64_t>(meta[0].size());
+  plan.local_len = plan.rows > 0 ? static_cast<std::int64_t>(meta[0][0].document.size()) : 0;
+  plan.window = window;
+  plan.send.resize(static_cast<std::size_t>(cp));
+  plan.recv.resize(static_cast<std::size_t>(cp));
+  // needed(receiver, owner) for the pairs this rank takes part in.
+  auto needed = [&](int receiver, int owner, std::vector<std::int64_t>& out) {
+    for (std::int64_t b = 0; b < plan.rows; ++b) {
+      const RowMeta& keys = meta[static_cast<std::size_t>(owner)][static_cast<std::size_t>(b)];
+      const auto queries = queries_by_document(
+          meta[static_cast<std::size_t>(receiver)][static_cast<std::size_t>(b)]);
+      for (std::size_t j = 0; j < keys.document.size(); ++j) {
+        if (keys.padding[j]) continue;  // padding keys are never seen
+        const auto found = queries.find(keys.document[j]);
+        if (found != queries.end() && seen_by(found->second, keys.position[j], window))
+          out.push_back(b * plan.local_len + static_cast<std::int64_t>(j));
+      }
+    }
+  };
+  for (int o = 0; o < cp; ++o) {
+    if (o == rank) continue;
+    needed(o, rank, plan.send[static_cast<std::size_t>(o)]);
+    needed(rank, o, plan.recv[static_cast<std::size_t>(o)]);
+  }
+  return plan;
+}
+
+}  // namespace cpkit
