@@ -57,6 +57,52 @@ bool seen_by(const std::vector<std::int64_t>& sorted, std::int64_t p, std::int64
   return first != sorted.end() && (window == 0 || *first - p < window);
 }
 
+// The kernel's key index (attention_plan.hpp): every key slot (local, then received) grouped
+// by (row, document) and sorted by position; each local query's range in it.
+void index_keys(AttentionPlan& plan, const std::vector<std::vector<RowMeta>>& meta) {
+  const std::int64_t L = plan.local_len;
+  // (row, document) -> (position, slot) of its non-padding keys.
+  std::map<std::pair<std::int64_t, std::int64_t>,
+           std::vector<std::pair<std::int64_t, std::int64_t>>>
+      groups;
+  auto add = [&](int owner, std::int64_t local, std::int64_t slot) {
+    const RowMeta& m = meta[static_cast<std::size_t>(owner)][static_cast<std::size_t>(local / L)];
+    const auto j = static_cast<std::size_t>(local % L);
+    if (!m.padding[j] && m.document[j] > 0)
+      groups[{local / L, m.document[j]}].emplace_back(m.position[j], slot);
+  };
+  for (std::int64_t i = 0; i < plan.rows * L; ++i) add(plan.rank, i, i);
+  std::int64_t slot = plan.rows * L;
+  for (int o = 0; o < plan.cp_size; ++o)
+    for (const std::int64_t local : plan.recv[static_cast<std::size_t>(o)]) add(o, local, slot++);
+  std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> group_start;
+  for (auto& [key, keys] : groups) {
+    std::sort(keys.begin(), keys.end());
+    group_start[key] = static_cast<std::int64_t>(plan.key_slots.size());
+    for (const auto& [position, s] : keys) plan.key_slots.push_back(s);
+  }
+  plan.key_begin.assign(static_cast<std::size_t>(plan.rows * L), 0);
+  plan.key_end.assign(static_cast<std::size_t>(plan.rows * L), 0);
+  for (std::int64_t i = 0; i < plan.rows * L; ++i) {
+    const RowMeta& m = meta[static_cast<std::size_t>(plan.rank)][static_cast<std::size_t>(i / L)];
+    const auto j = static_cast<std::size_t>(i % L);
+    const auto found = groups.find({i / L, m.document[j]});
+    if (m.document[j] <= 0 || found == groups.end()) continue;
+    const auto& keys = found->second;
+    const std::int64_t p = m.position[j];
+    const std::int64_t lowest =
+        plan.window > 0 ? p - plan.window + 1 : std::numeric_limits<std::int64_t>::min();
+    const auto first = std::lower_bound(
+        keys.begin(), keys.end(), std::pair{lowest, std::numeric_limits<std::int64_t>::min()});
+    const auto last = std::upper_bound(keys.begin(), keys.end(),
+                                       std::pair{p, std::numeric_limits<std::int64_t>::max()});
+    const std::int64_t start = group_start[found->first];
+    plan.key_begin[static_cast<std::size_t>(i)] = start + (first - keys.begin());
+    plan.key_end[static_cast<std::size_t>(i)] =
+        start + std::max<std::int64_t>(first - keys.begin(), last - keys.begin());
+  }
+}
+
 }  // namespace
 
 std::int64_t AttentionPlan::received_keys() const {
@@ -99,6 +145,7 @@ AttentionPlan attention_plan(const Sharder& sharder, int microbatch, int rank,
     needed(o, rank, plan.send[static_cast<std::size_t>(o)]);
     needed(rank, o, plan.recv[static_cast<std::size_t>(o)]);
   }
+  index_keys(plan, meta);
   return plan;
 }
 

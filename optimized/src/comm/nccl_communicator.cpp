@@ -143,6 +143,42 @@ class NcclCommunicator final : public Communicator {
       return ncclAllReduce(data, data, count, nccl_type(kind), ncclSum, comm_, s);
     });
   }
+  // One group of sends and receives (one pair per peer with anything to move); this rank's
+  // own slice is a device-to-device copy on the same stream.
+  void all_to_all_v(const void* send, const std::vector<std::size_t>& send_counts, void* recv,
+                    const std::vector<std::size_t>& recv_counts, ScalarKind kind) override {
+    if (send_counts.size() != static_cast<std::size_t>(size_) ||
+        recv_counts.size() != static_cast<std::size_t>(size_))
+      raise("mesh", "all_to_all_v needs one count per rank (", size_, "), got ", send_counts.size(),
+            " and ", recv_counts.size());
+    const std::size_t item = scalar_bytes(kind);
+    run("all-to-all-v", [&](cudaStream_t s) {
+      NcclGroup group;
+      std::size_t send_at = 0, recv_at = 0;
+      for (int q = 0; q < size_; ++q) {
+        const auto n_send = send_counts[static_cast<std::size_t>(q)];
+        const auto n_recv = recv_counts[static_cast<std::size_t>(q)];
+        const char* from = static_cast<const char*>(send) + send_at * item;
+        char* to = static_cast<char*>(recv) + recv_at * item;
+        if (q == rank_) {
+          if (n_send != n_recv)
+            raise("mesh", "all_to_all_v keeps ", n_send, " elements on rank ", rank_,
+                  " but expects ", n_recv);
+          if (n_send > 0 &&
+              cudaMemcpyAsync(to, from, n_send * item, cudaMemcpyDeviceToDevice, s) != cudaSuccess)
+            raise("mesh", "the local copy of all_to_all_v failed");
+        } else {
+          if (n_send > 0)
+            check_started(ncclSend(from, n_send, nccl_type(kind), q, comm_, s), "send");
+          if (n_recv > 0) check_started(ncclRecv(to, n_recv, nccl_type(kind), q, comm_, s), "recv");
+        }
+        send_at += n_send;
+        recv_at += n_recv;
+      }
+      return group.end();
+    });
+  }
+
   // One group: the receive from r + 1 and the send to r - 1 progress together, so the
   // exchange does not serialise around the ring.
   void shift_from_next(const void* send, void* recv, std::size_t count, ScalarKind kind) override {

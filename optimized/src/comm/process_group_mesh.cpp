@@ -73,6 +73,22 @@ class ProcessGroupCommunicator final : public Communicator {
     wait(backend_->allreduce(tensors), "all_reduce");
   }
 
+  void all_to_all_v(const void* send, const std::vector<std::size_t>& send_counts, void* recv,
+                    const std::vector<std::size_t>& recv_counts, ScalarKind kind) override {
+    std::size_t sent = 0, received = 0;
+    std::vector<int64_t> send_splits, recv_splits;
+    for (const std::size_t n : send_counts) {
+      send_splits.push_back(static_cast<int64_t>(n));
+      sent += n;
+    }
+    for (const std::size_t n : recv_counts) {
+      recv_splits.push_back(static_cast<int64_t>(n));
+      received += n;
+    }
+    at::Tensor out = wrap(recv, received, kind), in = wrap(send, sent, kind);
+    wait(backend_->alltoall_base(out, in, recv_splits, send_splits), "all_to_all_v");
+  }
+
   void shift_from_next(const void* send, void* recv, std::size_t count, ScalarKind kind) override {
     constexpr int kTag = 7001;
     std::vector<at::Tensor> incoming{wrap(recv, count, kind)};

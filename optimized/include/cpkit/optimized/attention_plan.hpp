@@ -24,6 +24,13 @@ struct AttentionPlan {
   // ascending (= rank o's send[rank]); empty for o == rank.
   std::vector<std::vector<std::int64_t>> recv;
 
+  // The attention kernel's view. Key slots: this rank's rows * L tokens (row-major), then the
+  // received keys (source rank order, each source's recv order). key_slots lists the slots
+  // of every non-padding key grouped by (row, document), each group sorted by position;
+  // query i (row-major local index) sees exactly key_slots[key_begin[i], key_end[i]) (its
+  // document's keys at positions (pos - W, pos]; empty for document 0).
+  std::vector<std::int64_t> key_slots, key_begin, key_end;
+
   // Keys received (forward) = key gradients returned (backward), summed over sources.
   std::int64_t received_keys() const;
   // What an all-gather of the keys would bring this rank: (CP - 1) * rows * L.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace cpkit {
 
@@ -50,6 +51,14 @@ class Communicator {
   // r + 1's into `recv`. The last rank's recv is left untouched; rank 0 sends nothing.
   virtual void shift_from_next(const void* send, void* recv, std::size_t count,
                                ScalarKind kind) = 0;
+  // Personalised exchange (cp_attention's needed keys): `send` holds send_counts[q] elements
+  // for each rank q in rank order (its own slice too, copied locally); `recv` gets
+  // recv_counts[q] elements from each rank q in rank order. recv_counts[q] must equal rank
+  // q's send_counts[rank()] (callers derive both from one plan). The default raises: a
+  // communicator that cannot move point to point does not serve cp_attention.
+  virtual void all_to_all_v(const void* send, const std::vector<std::size_t>& send_counts,
+                            void* recv, const std::vector<std::size_t>& recv_counts,
+                            ScalarKind kind);
 };
 
 // A CP mesh is a shared communicator; nullptr (or size 1) means CP = 1: no communication.

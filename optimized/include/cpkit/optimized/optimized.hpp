@@ -5,6 +5,7 @@
 #include "cpkit/optimized/batch.hpp"
 #include "cpkit/optimized/communicator.hpp"
 #include "cpkit/optimized/constants.hpp"
+#include "cpkit/optimized/cp_attention.hpp"
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/gather.hpp"
 #include "cpkit/optimized/host_cache.hpp"

@@ -1,0 +1,278 @@
+// cp_attention: checks and the ranks' agreement, the needed keys out and in (one
+// all_to_all_v of keys and values together), the kernel over own and received key slots;
+// the backward returns the received keys' gradients to their owners the same way.
+#include "cpkit/optimized/cp_attention.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <bit>
+#include <cmath>
+#include <vector>
+
+#include "agreement.hpp"
+#include "cpkit/optimized/error.hpp"
+#include "kernels/attention_launch.hpp"
+#include "mesh_capsule.hpp"
+#include "tensor_checks.hpp"
+
+namespace cpkit {
+
+namespace {
+
+struct Shape {
+  int64_t rows, len, hq, hkv, d;
+};
+
+Shape check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const AttentionPlan& plan, const MeshPtr& mesh,
+                   const CpAttentionOptions& options) {
+  for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
+    detail::require_defined(*t, name);
+    detail::require_dim(*t, 4, name);
+    if (t->scalar_type() != at::kFloat && t->scalar_type() != at::kBFloat16)
+      raise(name, "must be float32 or bfloat16, got ", t->scalar_type());
+    if (t->scalar_type() != q.scalar_type() || t->device() != q.device())
+      raise(name, "must share q's dtype and device (", q.scalar_type(), ", ", q.device(), "), got ",
+            t->scalar_type(), ", ", t->device());
+  }
+  if (!q.device().is_cpu())
+    raise("q", "is on ", q.device(), ": cp_attention runs on CPU tensors for now");
+  const Shape s{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+  if (k.sizes() != v.sizes())
+    raise("v", "has shape ", detail::shape_of(v), " but k has ", detail::shape_of(k));
+  if (k.size(0) != s.rows || k.size(1) != s.len || k.size(3) != s.d)
+    raise("k", "has shape ", detail::shape_of(k), " but q ", detail::shape_of(q),
+          " needs [rows, L, Hkv, D] = [", s.rows, ", ", s.len, ", Hkv, ", s.d, "]");
+  if (s.hkv < 1 || s.hq % s.hkv != 0)
+    raise("q", "has ", s.hq, " heads, not a multiple of k's ", s.hkv);
+  if (s.rows != plan.rows || s.len != plan.local_len)
+    raise("plan", "is for [rows, L] = [", plan.rows, ", ", plan.local_len, "] but q is [", s.rows,
+          ", ", s.len, ", ...]");
+  if (plan.cp_size != cp_size(mesh) || plan.rank != cp_rank(mesh))
+    raise("plan", "is rank ", plan.rank, " of CP ", plan.cp_size, " but the mesh is rank ",
+          cp_rank(mesh), " of ", cp_size(mesh));
+  if (!(options.scale >= 0) || !std::isfinite(options.scale))
+    raise("scale", "must be finite and >= 0 (0: 1 / sqrt(D)), got ", options.scale);
+  if (!(options.softcap >= 0) || !std::isfinite(options.softcap))
+    raise("softcap", "must be finite and >= 0, got ", options.softcap);
+  if (options.sinks.defined() &&
+      (options.sinks.dim() != 1 || options.sinks.size(0) != s.hq ||
+       options.sinks.scalar_type() != at::kFloat || options.sinks.device() != q.device()))
+    raise("sinks", "must be [Hq] = [", s.hq, "] float32 on ", q.device(), ", got ",
+          detail::shape_of(options.sinks), " ", options.sinks.scalar_type(), " on ",
+          options.sinks.device());
+  return s;
+}
+
+// Every rank publishes what the exchange needs; the counts it sends to and expects from
+// each peer ride along, so a rank whose plan came from another shard raises with the rest.
+void check_ranks_agree(const Shape& s, const at::Tensor& q, const AttentionPlan& plan,
+                       const MeshPtr& mesh, const CpAttentionOptions& options) {
+  if (cp_size(mesh) == 1) return;
+  const int cp = plan.cp_size;
+  std::vector<int64_t> counts;
+  for (const auto& list : plan.send) counts.push_back(static_cast<int64_t>(list.size()));
+  for (const auto& list : plan.recv) counts.push_back(static_cast<int64_t>(list.size()));
+  const std::vector<detail::Agreed> fields{
+      {"q", "the number of rows", s.rows},
+      {"q", "the local length L", s.len},
+      {"q", "the number of query heads", s.hq},
+      {"k", "the number of key heads", s.hkv},
+      {"q", "the head size D", s.d},
+      {"q", "the dtype", detail::dtype_code(q), detail::dtype_name},
+      {"plan", "the window", plan.window},
+      {"softcap", "the soft cap (bits)", std::bit_cast<int64_t>(options.softcap)},
+      {"scale", "the scale (bits)", std::bit_cast<int64_t>(options.scale)},
+      {"sinks", "sinks", options.sinks.defined() ? 1 : 0},
+  };
+  const at::Tensor table = detail::exchange_agreed(at::tensor(counts, at::kLong), fields, *mesh,
+                                                   true, "every CP rank must attend with one plan");
+  const at::Tensor host = table.cpu();
+  const int64_t* t = host.const_data_ptr<int64_t>();
+  const int64_t width = host.size(1), me = plan.rank;
+  for (int o = 0; o < cp; ++o)
+    if (t[o * width + me] != t[me * width + cp + o])
+      raise("plan", "rank ", me, " expects ", t[me * width + cp + o], " keys from rank ", o,
+            " but rank ", o, " plans to send ", t[o * width + me],
+            ": every rank's plan must come from the same shard (attention_plan of the same "
+            "sharder and microbatch, with one window)");
+}
+
+// The send lists as one index tensor, and the element counts of a [n, 2, Hkv, D] exchange.
+at::Tensor send_index(const AttentionPlan& plan) {
+  std::vector<int64_t> all;
+  for (const auto& list : plan.send) all.insert(all.end(), list.begin(), list.end());
+  return at::tensor(all, at::kLong);
+}
+
+std::vector<std::size_t> element_counts(const std::vector<std::vector<int64_t>>& lists,
+                                        int64_t per_key) {
+  std::vector<std::size_t> out;
+  for (const auto& list : lists) out.push_back(static_cast<std::size_t>(list.size() * per_key));
+  return out;
+}
+
+kernels::AttentionArgs kernel_args(const Shape& s, const at::Tensor& q, const at::Tensor& keys,
+                                   const at::Tensor& values, const AttentionPlan& plan,
+                                   const CpAttentionOptions& options) {
+  kernels::AttentionArgs a{};
+  a.q = q.const_data_ptr<float>();
+  a.k = keys.const_data_ptr<float>();
+  a.v = values.const_data_ptr<float>();
+  a.key_slots = plan.key_slots.data();
+  a.key_begin = plan.key_begin.data();
+  a.key_end = plan.key_end.data();
+  a.sinks = options.sinks.defined() ? options.sinks.const_data_ptr<float>() : nullptr;
+  a.queries = s.rows * s.len;
+  a.keys = keys.size(0);
+  a.hq = s.hq;
+  a.hkv = s.hkv;
+  a.d = s.d;
+  a.scale = static_cast<float>(options.scale > 0 ? options.scale
+                                                 : 1.0 / std::sqrt(static_cast<double>(s.d)));
+  a.softcap = static_cast<float>(options.softcap);
+  return a;
+}
+
+// Own keys then received keys, as the kernel's fp32 [slots, Hkv, D] keys and values.
+std::pair<at::Tensor, at::Tensor> key_slots(const Shape& s, const at::Tensor& k,
+                                            const at::Tensor& v, const at::Tensor& received) {
+  const auto own = [&](const at::Tensor& t) { return t.reshape({s.rows * s.len, s.hkv, s.d}); };
+  return {at::cat({own(k), received.select(1, 0)}).to(at::kFloat).contiguous(),
+          at::cat({own(v), received.select(1, 1)}).to(at::kFloat).contiguous()};
+}
+
+}  // namespace
+
+std::int64_t cp_attention_received_bytes(const AttentionPlan& plan, std::int64_t hkv,
+                                         std::int64_t head_dim, std::int64_t itemsize) {
+  return 2 * plan.received_keys() * hkv * head_dim * itemsize;
+}
+
+CpAttentionForward cp_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const AttentionPlan& plan,
+                                        const MeshPtr& mesh, const CpAttentionOptions& options) {
+  const Shape s = check_inputs(q, k, v, plan, mesh, options);
+  check_ranks_agree(s, q, plan, mesh, options);
+  const int64_t per_key = 2 * s.hkv * s.d;
+  at::Tensor received = at::empty({plan.received_keys(), 2, s.hkv, s.d}, k.options());
+  if (cp_size(mesh) > 1) {
+    const at::Tensor index = send_index(plan);
+    const at::Tensor outgoing = at::stack({k.reshape({-1, s.hkv, s.d}).index_select(0, index),
+                                           v.reshape({-1, s.hkv, s.d}).index_select(0, index)},
+                                          1)
+                                    .contiguous();
+    mesh->all_to_all_v(outgoing.data_ptr(), element_counts(plan.send, per_key), received.data_ptr(),
+                       element_counts(plan.recv, per_key), detail::scalar_kind(k, "k"));
+  }
+  const auto [keys, values] = key_slots(s, k, v, received);
+  const at::Tensor q32 = q.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({s.rows, s.len, s.hq, s.d}, q32.options());
+  at::Tensor lse = at::empty({s.rows, s.len, s.hq}, q32.options());
+  kernels::AttentionArgs a = kernel_args(s, q32, keys, values, plan, options);
+  a.out = out.data_ptr<float>();
+  a.lse = lse.data_ptr<float>();
+  kernels::attention_forward_cpu(a);
+  return {{out.to(q.scalar_type()), lse.permute({0, 2, 1})}, received};
+}
+
+CpAttentionGrads cp_attention_backward(const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& v, const CpAttentionForward& forward,
+                                       const at::Tensor& grad_out, const AttentionPlan& plan,
+                                       const MeshPtr& mesh, const CpAttentionOptions& options) {
+  const Shape s = check_inputs(q, k, v, plan, mesh, options);
+  detail::require_defined(grad_out, "grad_out");
+  if (grad_out.sizes() != q.sizes())
+    raise("grad_out", "has shape ", detail::shape_of(grad_out), " but q is ", detail::shape_of(q));
+  const auto [keys, values] = key_slots(s, k, v, forward.received);
+  const at::Tensor q32 = q.to(at::kFloat).contiguous();
+  const at::Tensor out = forward.values.out.to(at::kFloat).contiguous();
+  const at::Tensor lse = forward.values.lse.permute({0, 2, 1}).contiguous();
+  const at::Tensor d_out = grad_out.to(at::kFloat).contiguous();
+  at::Tensor dq = at::empty_like(q32), dk = at::empty_like(keys), dv = at::empty_like(values);
+  at::Tensor dsinks = options.sinks.defined() ? at::zeros({s.hq}, q32.options()) : at::Tensor();
+  kernels::AttentionArgs a = kernel_args(s, q32, keys, values, plan, options);
+  a.out = const_cast<float*>(out.const_data_ptr<float>());
+  a.lse = const_cast<float*>(lse.const_data_ptr<float>());
+  a.d_out = d_out.const_data_ptr<float>();
+  a.dq = dq.data_ptr<float>();
+  a.dk = dk.data_ptr<float>();
+  a.dv = dv.data_ptr<float>();
+  a.dsinks = dsinks.defined() ? dsinks.data_ptr<float>() : nullptr;
+  kernels::attention_backward_cpu(a);
+  const int64_t own = s.rows * s.len, per_key = 2 * s.hkv * s.d;
+  at::Tensor dk_own = dk.narrow(0, 0, own).clone(), dv_own = dv.narrow(0, 0, own).clone();
+  if (cp_size(mesh) > 1) {
+    // The received keys' gradients go back to their owners, who add them to their own.
+    const at::Tensor outgoing =
+        at::stack({dk.narrow(0, own, dk.size(0) - own), dv.narrow(0, own, dv.size(0) - own)}, 1)
+            .to(k.scalar_type())
+            .contiguous();
+    const at::Tensor index = send_index(plan);
+    at::Tensor returned = at::empty({index.size(0), 2, s.hkv, s.d}, k.options());
+    mesh->all_to_all_v(outgoing.data_ptr(), element_counts(plan.recv, per_key), returned.data_ptr(),
+                       element_counts(plan.send, per_key), detail::scalar_kind(k, "k"));
+    dk_own.index_add_(0, index, returned.select(1, 0).to(at::kFloat));
+    dv_own.index_add_(0, index, returned.select(1, 1).to(at::kFloat));
+  }
+  return {dq.to(q.scalar_type()), dk_own.view(k.sizes()).to(k.scalar_type()),
+          dv_own.view(v.sizes()).to(v.scalar_type()), dsinks};
+}
+
+namespace {
+
+struct PlanHolder : torch::CustomClassHolder {
+  explicit PlanHolder(std::shared_ptr<const AttentionPlan> p) : plan(std::move(p)) {}
+  std::shared_ptr<const AttentionPlan> plan;
+};
+
+class CpAttentionFunction : public torch::autograd::Function<CpAttentionFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v, const at::Tensor& sinks,
+                                                const std::shared_ptr<const AttentionPlan>& plan,
+                                                const MeshPtr& mesh, double scale, double softcap) {
+    // An empty `sinks` stands for none (autograd inputs must be defined tensors).
+    const CpAttentionOptions options{scale, softcap, sinks.numel() > 0 ? sinks : at::Tensor()};
+    CpAttentionForward f = cp_attention_forward(q, k, v, *plan, mesh, options);
+    ctx->save_for_backward({q, k, v, sinks, f.values.out, f.values.lse, f.received});
+    ctx->saved_data["plan"] = c10::IValue::make_capsule(c10::make_intrusive<PlanHolder>(plan));
+    ctx->saved_data["mesh"] = detail::mesh_capsule(mesh);
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["softcap"] = softcap;
+    ctx->mark_non_differentiable({f.values.lse});
+    return {f.values.out, f.values.lse};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto plan =
+        c10::static_intrusive_pointer_cast<PlanHolder>(ctx->saved_data["plan"].toCapsule())->plan;
+    const CpAttentionOptions options{ctx->saved_data["scale"].toDouble(),
+                                     ctx->saved_data["softcap"].toDouble(),
+                                     saved[3].numel() > 0 ? saved[3] : at::Tensor()};
+    const CpAttentionForward f{{saved[4], saved[5]}, saved[6]};
+    const at::Tensor grad_out = grads[0].defined() ? grads[0] : at::zeros_like(saved[4]);
+    CpAttentionGrads g =
+        cp_attention_backward(saved[0], saved[1], saved[2], f, grad_out, *plan,
+                              detail::mesh_from_capsule(ctx->saved_data["mesh"]), options);
+    return {g.q, g.k, g.v, g.sinks, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+CpAttentionOutput cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const std::shared_ptr<const AttentionPlan>& plan,
+                               const MeshPtr& mesh, const CpAttentionOptions& options) {
+  if (!plan) raise("plan", "is null: pass attention_plan(sharder, microbatch, rank, window)");
+  const at::Tensor sinks = options.sinks.defined() ? options.sinks : at::empty({0}, q.options());
+  const auto outs =
+      CpAttentionFunction::apply(q, k, v, sinks, plan, mesh, options.scale, options.softcap);
+  return {outs[0], outs[1]};
+}
+
+}  // namespace cpkit

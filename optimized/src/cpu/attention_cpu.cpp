@@ -1,0 +1,108 @@
+// cp_attention's CPU kernels (kernels/attention_launch.hpp). Forward: threads over (query,
+// head) pairs, one online-softmax pass over each query's listed keys. Backward: threads over
+// key heads, each owning its heads' dk and dv (no atomics); each probability is recomputed
+// from the saved log-sum-exp, and delta_i = d_out_i . out_i gives the softmax's row term.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/attention_launch.hpp"
+
+namespace cpkit::kernels {
+
+namespace {
+
+float dot(const float* a, const float* b, std::int64_t d) {
+  float s = 0.0f;
+  for (std::int64_t c = 0; c < d; ++c) s += a[c] * b[c];
+  return s;
+}
+
+// The score and, for the backward, d score / d (scale q.k): the soft cap's chain rule.
+struct Score {
+  float value, slope;
+};
+
+Score score(const float* q, const float* k, const AttentionArgs& a) {
+  const float s = dot(q, k, a.d) * a.scale;
+  if (a.softcap <= 0.0f) return {s, 1.0f};
+  const float t = std::tanh(s / a.softcap);
+  return {a.softcap * t, 1.0f - t * t};
+}
+
+}  // namespace
+
+void attention_forward_cpu(const AttentionArgs& a) {
+  const std::int64_t group = a.hq / a.hkv;
+  at::parallel_for(0, a.queries * a.hq, 8, [&](std::int64_t begin, std::int64_t end) {
+    std::vector<float> acc(static_cast<std::size_t>(a.d));
+    for (std::int64_t t = begin; t < end; ++t) {
+      const std::int64_t i = t / a.hq, h = t % a.hq, g = h / group;
+      const float* qi = a.q + t * a.d;
+      float m = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
+      float l = a.sinks != nullptr ? 1.0f : 0.0f;  // exp(sink - m) while the sink is the max
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (std::int64_t x = a.key_begin[i]; x < a.key_end[i]; ++x) {
+        const std::int64_t slot = a.key_slots[x];
+        const float s = score(qi, a.k + (slot * a.hkv + g) * a.d, a).value;
+        if (s > m) {
+          const float shrink = std::exp(m - s);  // 0 when m was -inf
+          l *= shrink;
+          for (float& v : acc) v *= shrink;
+          m = s;
+        }
+        const float p = std::exp(s - m);
+        l += p;
+        const float* vj = a.v + (slot * a.hkv + g) * a.d;
+        for (std::int64_t c = 0; c < a.d; ++c) acc[static_cast<std::size_t>(c)] += p * vj[c];
+      }
+      float* o = a.out + t * a.d;
+      if (l == 0.0f) {
+        std::fill(o, o + a.d, 0.0f);
+        a.lse[t] = -INFINITY;
+        continue;
+      }
+      for (std::int64_t c = 0; c < a.d; ++c) o[c] = acc[static_cast<std::size_t>(c)] / l;
+      a.lse[t] = m + std::log(l);
+    }
+  });
+}
+
+void attention_backward_cpu(const AttentionArgs& a) {
+  const std::int64_t group = a.hq / a.hkv;
+  std::fill(a.dk, a.dk + a.keys * a.hkv * a.d, 0.0f);
+  std::fill(a.dv, a.dv + a.keys * a.hkv * a.d, 0.0f);
+  at::parallel_for(0, a.hkv, 1, [&](std::int64_t g_begin, std::int64_t g_end) {
+    for (std::int64_t g = g_begin; g < g_end; ++g)
+      for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+        double dsink = 0.0;
+        for (std::int64_t i = 0; i < a.queries; ++i) {
+          const std::int64_t t = i * a.hq + h;
+          const float* qi = a.q + t * a.d;
+          const float* doi = a.d_out + t * a.d;
+          float* dqi = a.dq + t * a.d;
+          std::fill(dqi, dqi + a.d, 0.0f);
+          const float lse = a.lse[t];
+          if (lse == -INFINITY) continue;  // nothing seen: zero gradients
+          const float delta = dot(doi, a.out + t * a.d, a.d);
+          if (a.sinks != nullptr) dsink -= std::exp(a.sinks[h] - lse) * delta;
+          for (std::int64_t x = a.key_begin[i]; x < a.key_end[i]; ++x) {
+            const std::int64_t at = (a.key_slots[x] * a.hkv + g) * a.d;
+            const Score s = score(qi, a.k + at, a);
+            const float p = std::exp(s.value - lse);
+            const float ds = p * (dot(doi, a.v + at, a.d) - delta) * s.slope * a.scale;
+            for (std::int64_t c = 0; c < a.d; ++c) {
+              dqi[c] += ds * a.k[at + c];
+              a.dk[at + c] += ds * qi[c];
+              a.dv[at + c] += p * doi[c];
+            }
+          }
+        }
+        if (a.sinks != nullptr) a.dsinks[h] = static_cast<float>(dsink);
+      }
+  });
+}
+
+}  // namespace cpkit::kernels
