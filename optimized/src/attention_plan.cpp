@@ -57,50 +57,52 @@ bool seen_by(const std::vector<std::int64_t>& sorted, std::int64_t p, std::int64
   return first != sorted.end() && (window == 0 || *first - p < window);
 }
 
-// The kernel's key index (attention_plan.hpp): every key slot (local, then received) grouped
-// by (row, document) and sorted by position; each local query's range in it.
-void index_keys(AttentionPlan& plan, const std::vector<std::vector<RowMeta>>& meta) {
+// A key index (attention_plan.hpp) over the local slots, the received ones, or both: every
+// non-padding key of a document > 0 grouped by (row, document) and sorted by position, and
+// each local query's range in it.
+KeyIndex index_keys(const AttentionPlan& plan, const std::vector<std::vector<RowMeta>>& meta,
+                    bool own, bool remote) {
   const std::int64_t L = plan.local_len;
-  // (row, document) -> (position, slot) of its non-padding keys.
-  std::map<std::pair<std::int64_t, std::int64_t>,
-           std::vector<std::pair<std::int64_t, std::int64_t>>>
-      groups;
+  using Group = std::vector<std::pair<std::int64_t, std::int64_t>>;  // (position, slot)
+  std::map<std::pair<std::int64_t, std::int64_t>, Group> groups;     // by (row, document)
   auto add = [&](int owner, std::int64_t local, std::int64_t slot) {
     const RowMeta& m = meta[static_cast<std::size_t>(owner)][static_cast<std::size_t>(local / L)];
     const auto j = static_cast<std::size_t>(local % L);
     if (!m.padding[j] && m.document[j] > 0)
       groups[{local / L, m.document[j]}].emplace_back(m.position[j], slot);
   };
-  for (std::int64_t i = 0; i < plan.rows * L; ++i) add(plan.rank, i, i);
+  if (own)
+    for (std::int64_t i = 0; i < plan.rows * L; ++i) add(plan.rank, i, i);
   std::int64_t slot = plan.rows * L;
-  for (int o = 0; o < plan.cp_size; ++o)
+  for (int o = 0; remote && o < plan.cp_size; ++o)
     for (const std::int64_t local : plan.recv[static_cast<std::size_t>(o)]) add(o, local, slot++);
+  KeyIndex index;
   std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> group_start;
   for (auto& [key, keys] : groups) {
     std::sort(keys.begin(), keys.end());
-    group_start[key] = static_cast<std::int64_t>(plan.key_slots.size());
-    for (const auto& [position, s] : keys) plan.key_slots.push_back(s);
+    group_start[key] = static_cast<std::int64_t>(index.slots.size());
+    for (const auto& entry : keys) index.slots.push_back(entry.second);
   }
-  plan.key_begin.assign(static_cast<std::size_t>(plan.rows * L), 0);
-  plan.key_end.assign(static_cast<std::size_t>(plan.rows * L), 0);
+  index.begin.assign(static_cast<std::size_t>(plan.rows * L), 0);
+  index.end.assign(static_cast<std::size_t>(plan.rows * L), 0);
+  constexpr std::int64_t kLowest = std::numeric_limits<std::int64_t>::min();
+  constexpr std::int64_t kHighest = std::numeric_limits<std::int64_t>::max();
   for (std::int64_t i = 0; i < plan.rows * L; ++i) {
     const RowMeta& m = meta[static_cast<std::size_t>(plan.rank)][static_cast<std::size_t>(i / L)];
     const auto j = static_cast<std::size_t>(i % L);
     const auto found = groups.find({i / L, m.document[j]});
     if (m.document[j] <= 0 || found == groups.end()) continue;
-    const auto& keys = found->second;
+    const Group& keys = found->second;
     const std::int64_t p = m.position[j];
-    const std::int64_t lowest =
-        plan.window > 0 ? p - plan.window + 1 : std::numeric_limits<std::int64_t>::min();
-    const auto first = std::lower_bound(
-        keys.begin(), keys.end(), std::pair{lowest, std::numeric_limits<std::int64_t>::min()});
-    const auto last = std::upper_bound(keys.begin(), keys.end(),
-                                       std::pair{p, std::numeric_limits<std::int64_t>::max()});
+    const std::int64_t lowest = plan.window > 0 ? p - plan.window + 1 : kLowest;
+    const auto first = std::lower_bound(keys.begin(), keys.end(), std::pair{lowest, kLowest});
+    const auto last =
+        std::max(first, std::upper_bound(keys.begin(), keys.end(), std::pair{p, kHighest}));
     const std::int64_t start = group_start[found->first];
-    plan.key_begin[static_cast<std::size_t>(i)] = start + (first - keys.begin());
-    plan.key_end[static_cast<std::size_t>(i)] =
-        start + std::max<std::int64_t>(first - keys.begin(), last - keys.begin());
+    index.begin[static_cast<std::size_t>(i)] = start + (first - keys.begin());
+    index.end[static_cast<std::size_t>(i)] = start + (last - keys.begin());
   }
+  return index;
 }
 
 }  // namespace
@@ -145,7 +147,9 @@ AttentionPlan attention_plan(const Sharder& sharder, int microbatch, int rank,
     needed(o, rank, plan.send[static_cast<std::size_t>(o)]);
     needed(rank, o, plan.recv[static_cast<std::size_t>(o)]);
   }
-  index_keys(plan, meta);
+  plan.all_keys = index_keys(plan, meta, true, true);
+  plan.own_keys = index_keys(plan, meta, true, false);
+  plan.remote_keys = index_keys(plan, meta, false, true);
   return plan;
 }
 

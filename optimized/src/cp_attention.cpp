@@ -8,6 +8,7 @@
 
 #include <bit>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "agreement.hpp"
@@ -113,17 +114,21 @@ std::vector<std::size_t> element_counts(const std::vector<std::vector<int64_t>>&
   return out;
 }
 
+// The kernel's arguments over `index`, reading key slots from `keys` / `values` starting at
+// slot `first_slot`; sinks only where `with_sinks` (the first stage holds them).
 kernels::AttentionArgs kernel_args(const Shape& s, const at::Tensor& q, const at::Tensor& keys,
-                                   const at::Tensor& values, const AttentionPlan& plan,
-                                   const CpAttentionOptions& options) {
+                                   const at::Tensor& values, const KeyIndex& index,
+                                   int64_t first_slot, const CpAttentionOptions& options,
+                                   bool with_sinks) {
   kernels::AttentionArgs a{};
   a.q = q.const_data_ptr<float>();
   a.k = keys.const_data_ptr<float>();
   a.v = values.const_data_ptr<float>();
-  a.key_slots = plan.key_slots.data();
-  a.key_begin = plan.key_begin.data();
-  a.key_end = plan.key_end.data();
-  a.sinks = options.sinks.defined() ? options.sinks.const_data_ptr<float>() : nullptr;
+  a.key_slots = index.slots.data();
+  a.key_begin = index.begin.data();
+  a.key_end = index.end.data();
+  a.slot_offset = first_slot;
+  a.sinks = with_sinks && options.sinks.defined() ? options.sinks.const_data_ptr<float>() : nullptr;
   a.queries = s.rows * s.len;
   a.keys = keys.size(0);
   a.hq = s.hq;
@@ -135,12 +140,24 @@ kernels::AttentionArgs kernel_args(const Shape& s, const at::Tensor& q, const at
   return a;
 }
 
-// Own keys then received keys, as the kernel's fp32 [slots, Hkv, D] keys and values.
-std::pair<at::Tensor, at::Tensor> key_slots(const Shape& s, const at::Tensor& k,
-                                            const at::Tensor& v, const at::Tensor& received) {
-  const auto own = [&](const at::Tensor& t) { return t.reshape({s.rows * s.len, s.hkv, s.d}); };
-  return {at::cat({own(k), received.select(1, 0)}).to(at::kFloat).contiguous(),
-          at::cat({own(v), received.select(1, 1)}).to(at::kFloat).contiguous()};
+// One stage of the forward: out [rows, L, Hq, D] and lse [rows, L, Hq] over `index`'s keys.
+std::pair<at::Tensor, at::Tensor> attend(const Shape& s, const at::Tensor& q32,
+                                         const at::Tensor& keys, const at::Tensor& values,
+                                         const KeyIndex& index, int64_t first_slot,
+                                         const CpAttentionOptions& options, bool with_sinks) {
+  at::Tensor out = at::empty({s.rows, s.len, s.hq, s.d}, q32.options());
+  at::Tensor lse = at::empty({s.rows, s.len, s.hq}, q32.options());
+  kernels::AttentionArgs a =
+      kernel_args(s, q32, keys, values, index, first_slot, options, with_sinks);
+  a.out = out.data_ptr<float>();
+  a.lse = lse.data_ptr<float>();
+  kernels::attention_forward_cpu(a);
+  return {out, lse};
+}
+
+// The rows of k or v as the kernel's fp32 [slots, Hkv, D].
+at::Tensor as_slots(const Shape& s, const at::Tensor& t) {
+  return t.reshape({-1, s.hkv, s.d}).to(at::kFloat).contiguous();
 }
 
 }  // namespace
@@ -155,25 +172,37 @@ CpAttentionForward cp_attention_forward(const at::Tensor& q, const at::Tensor& k
                                         const MeshPtr& mesh, const CpAttentionOptions& options) {
   const Shape s = check_inputs(q, k, v, plan, mesh, options);
   check_ranks_agree(s, q, plan, mesh, options);
-  const int64_t per_key = 2 * s.hkv * s.d;
+  const int64_t own = s.rows * s.len, per_key = 2 * s.hkv * s.d;
   at::Tensor received = at::empty({plan.received_keys(), 2, s.hkv, s.d}, k.options());
+  // Stage 0: the needed keys and values leave; the exchange runs under stage 1.
+  at::Tensor outgoing;
+  std::function<void()> arrived = [] {};
   if (cp_size(mesh) > 1) {
     const at::Tensor index = send_index(plan);
-    const at::Tensor outgoing = at::stack({k.reshape({-1, s.hkv, s.d}).index_select(0, index),
-                                           v.reshape({-1, s.hkv, s.d}).index_select(0, index)},
-                                          1)
-                                    .contiguous();
-    mesh->all_to_all_v(outgoing.data_ptr(), element_counts(plan.send, per_key), received.data_ptr(),
-                       element_counts(plan.recv, per_key), detail::scalar_kind(k, "k"));
+    outgoing = at::stack({k.reshape({-1, s.hkv, s.d}).index_select(0, index),
+                          v.reshape({-1, s.hkv, s.d}).index_select(0, index)},
+                         1)
+                   .contiguous();
+    arrived = mesh->start_all_to_all_v(outgoing.data_ptr(), element_counts(plan.send, per_key),
+                                       received.data_ptr(), element_counts(plan.recv, per_key),
+                                       detail::scalar_kind(k, "k"));
   }
-  const auto [keys, values] = key_slots(s, k, v, received);
+  // Stage 1: own keys (and the sinks).
   const at::Tensor q32 = q.to(at::kFloat).contiguous();
-  at::Tensor out = at::empty({s.rows, s.len, s.hq, s.d}, q32.options());
-  at::Tensor lse = at::empty({s.rows, s.len, s.hq}, q32.options());
-  kernels::AttentionArgs a = kernel_args(s, q32, keys, values, plan, options);
-  a.out = out.data_ptr<float>();
-  a.lse = lse.data_ptr<float>();
-  kernels::attention_forward_cpu(a);
+  auto [out, lse] = attend(s, q32, as_slots(s, k), as_slots(s, v), plan.own_keys, 0, options, true);
+  arrived();
+  // Stage 2: the received keys, merged by log-sum-exp (softmaxes over disjoint key sets).
+  if (received.size(0) > 0) {
+    const auto [remote_out, remote_lse] =
+        attend(s, q32, as_slots(s, received.select(1, 0)), as_slots(s, received.select(1, 1)),
+               plan.remote_keys, own, options, false);
+    const at::Tensor merged = at::logaddexp(lse, remote_lse);
+    auto share = [&](const at::Tensor& part) {
+      return at::exp(part - merged).nan_to_num(0.0).unsqueeze(-1);  // 0 where nothing is seen
+    };
+    out = out * share(lse) + remote_out * share(remote_lse);
+    lse = merged;
+  }
   return {{out.to(q.scalar_type()), lse.permute({0, 2, 1})}, received};
 }
 
@@ -185,14 +214,15 @@ CpAttentionGrads cp_attention_backward(const at::Tensor& q, const at::Tensor& k,
   detail::require_defined(grad_out, "grad_out");
   if (grad_out.sizes() != q.sizes())
     raise("grad_out", "has shape ", detail::shape_of(grad_out), " but q is ", detail::shape_of(q));
-  const auto [keys, values] = key_slots(s, k, v, forward.received);
+  const at::Tensor keys = at::cat({as_slots(s, k), as_slots(s, forward.received.select(1, 0))});
+  const at::Tensor values = at::cat({as_slots(s, v), as_slots(s, forward.received.select(1, 1))});
   const at::Tensor q32 = q.to(at::kFloat).contiguous();
   const at::Tensor out = forward.values.out.to(at::kFloat).contiguous();
   const at::Tensor lse = forward.values.lse.permute({0, 2, 1}).contiguous();
   const at::Tensor d_out = grad_out.to(at::kFloat).contiguous();
   at::Tensor dq = at::empty_like(q32), dk = at::empty_like(keys), dv = at::empty_like(values);
   at::Tensor dsinks = options.sinks.defined() ? at::zeros({s.hq}, q32.options()) : at::Tensor();
-  kernels::AttentionArgs a = kernel_args(s, q32, keys, values, plan, options);
+  kernels::AttentionArgs a = kernel_args(s, q32, keys, values, plan.all_keys, 0, options, true);
   a.out = const_cast<float*>(out.const_data_ptr<float>());
   a.lse = const_cast<float*>(lse.const_data_ptr<float>());
   a.d_out = d_out.const_data_ptr<float>();

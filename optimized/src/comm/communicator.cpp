@@ -12,4 +12,13 @@ void Communicator::all_to_all_v(const void*, const std::vector<std::size_t>&, vo
         "needs: use a Gloo, NCCL or c10d mesh");
 }
 
+std::function<void()> Communicator::start_all_to_all_v(const void* send,
+                                                       const std::vector<std::size_t>& send_counts,
+                                                       void* recv,
+                                                       const std::vector<std::size_t>& recv_counts,
+                                                       ScalarKind kind) {
+  all_to_all_v(send, send_counts, recv, recv_counts, kind);
+  return [] {};
+}
+
 }  // namespace cpkit

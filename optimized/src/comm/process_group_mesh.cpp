@@ -75,6 +75,13 @@ class ProcessGroupCommunicator final : public Communicator {
 
   void all_to_all_v(const void* send, const std::vector<std::size_t>& send_counts, void* recv,
                     const std::vector<std::size_t>& recv_counts, ScalarKind kind) override {
+    start_all_to_all_v(send, send_counts, recv, recv_counts, kind)();
+  }
+
+  std::function<void()> start_all_to_all_v(const void* send,
+                                           const std::vector<std::size_t>& send_counts, void* recv,
+                                           const std::vector<std::size_t>& recv_counts,
+                                           ScalarKind kind) override {
     std::size_t sent = 0, received = 0;
     std::vector<int64_t> send_splits, recv_splits;
     for (const std::size_t n : send_counts) {
@@ -86,7 +93,9 @@ class ProcessGroupCommunicator final : public Communicator {
       received += n;
     }
     at::Tensor out = wrap(recv, received, kind), in = wrap(send, sent, kind);
-    wait(backend_->alltoall_base(out, in, recv_splits, send_splits), "all_to_all_v");
+    const c10::intrusive_ptr<c10d::Work> work =
+        backend_->alltoall_base(out, in, recv_splits, send_splits);
+    return [this, work] { wait(work, "all_to_all_v"); };
   }
 
   void shift_from_next(const void* send, void* recv, std::size_t count, ScalarKind kind) override {

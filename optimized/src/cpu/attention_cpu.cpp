@@ -45,7 +45,7 @@ void attention_forward_cpu(const AttentionArgs& a) {
       float l = a.sinks != nullptr ? 1.0f : 0.0f;  // exp(sink - m) while the sink is the max
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (std::int64_t x = a.key_begin[i]; x < a.key_end[i]; ++x) {
-        const std::int64_t slot = a.key_slots[x];
+        const std::int64_t slot = a.key_slots[x] - a.slot_offset;
         const float s = score(qi, a.k + (slot * a.hkv + g) * a.d, a).value;
         if (s > m) {
           const float shrink = std::exp(m - s);  // 0 when m was -inf
@@ -89,7 +89,7 @@ void attention_backward_cpu(const AttentionArgs& a) {
           const float delta = dot(doi, a.out + t * a.d, a.d);
           if (a.sinks != nullptr) dsink -= std::exp(a.sinks[h] - lse) * delta;
           for (std::int64_t x = a.key_begin[i]; x < a.key_end[i]; ++x) {
-            const std::int64_t at = (a.key_slots[x] * a.hkv + g) * a.d;
+            const std::int64_t at = ((a.key_slots[x] - a.slot_offset) * a.hkv + g) * a.d;
             const Score s = score(qi, a.k + at, a);
             const float p = std::exp(s.value - lse);
             const float ds = p * (dot(doi, a.v + at, a.d) - delta) * s.slope * a.scale;

@@ -12,9 +12,10 @@ struct AttentionArgs {
   const float* q;                 // [queries, hq, d]
   const float* k;                 // [keys, hkv, d]: the key slots
   const float* v;                 // [keys, hkv, d]
-  const std::int64_t* key_slots;  // the plan's key_slots
+  const std::int64_t* key_slots;  // a KeyIndex's slots (attention_plan.hpp)
   const std::int64_t* key_begin;  // [queries]
   const std::int64_t* key_end;    // [queries]
+  std::int64_t slot_offset;       // slot s is row s - slot_offset of k and v
   const float* sinks;             // [hq] or null
   std::int64_t queries, keys, hq, hkv, d;
   float scale;    // > 0

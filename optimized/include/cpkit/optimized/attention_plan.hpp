@@ -11,6 +11,15 @@
 
 namespace cpkit {
 
+// Which key slots each local query sees (the attention kernel's view). Key slots: this rank's
+// rows * L tokens (row-major), then the received keys (source rank order, each source's recv
+// order). `slots` lists key slots grouped by (row, document), each group sorted by position;
+// query i (row-major local index) sees exactly slots[begin[i], end[i]) (its document's keys at
+// positions (pos - W, pos]; nothing for document 0; never a padding key).
+struct KeyIndex {
+  std::vector<std::int64_t> slots, begin, end;
+};
+
 struct AttentionPlan {
   int cp_size = 1;
   int rank = 0;
@@ -24,12 +33,9 @@ struct AttentionPlan {
   // ascending (= rank o's send[rank]); empty for o == rank.
   std::vector<std::vector<std::int64_t>> recv;
 
-  // The attention kernel's view. Key slots: this rank's rows * L tokens (row-major), then the
-  // received keys (source rank order, each source's recv order). key_slots lists the slots
-  // of every non-padding key grouped by (row, document), each group sorted by position;
-  // query i (row-major local index) sees exactly key_slots[key_begin[i], key_end[i]) (its
-  // document's keys at positions (pos - W, pos]; empty for document 0).
-  std::vector<std::int64_t> key_slots, key_begin, key_end;
+  // Every key each query sees; its own keys alone (attention's first stage, while the others
+  // are in flight); the received keys alone (the second stage).
+  KeyIndex all_keys, own_keys, remote_keys;
 
   // Keys received (forward) = key gradients returned (backward), summed over sources.
   std::int64_t received_keys() const;

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,14 @@ class Communicator {
   virtual void all_to_all_v(const void* send, const std::vector<std::size_t>& send_counts,
                             void* recv, const std::vector<std::size_t>& recv_counts,
                             ScalarKind kind);
+  // all_to_all_v started now and finished by the returned call, which raises as
+  // all_to_all_v would; both buffers must outlive it. Work done in between overlaps the
+  // transfer (cp_attention's first stage). The default exchanges at once (no overlap).
+  virtual std::function<void()> start_all_to_all_v(const void* send,
+                                                   const std::vector<std::size_t>& send_counts,
+                                                   void* recv,
+                                                   const std::vector<std::size_t>& recv_counts,
+                                                   ScalarKind kind);
 };
 
 // A CP mesh is a shared communicator; nullptr (or size 1) means CP = 1: no communication.
