@@ -113,8 +113,8 @@ std::int64_t AttentionPlan::received_keys() const {
   return total;
 }
 
-AttentionPlan attention_plan(const Sharder& sharder, int microbatch, int rank,
-                             std::int64_t window) {
+AttentionPlan attention_plan(const Sharder& sharder, int microbatch, int rank, std::int64_t window,
+                             KeyExchange keys_moved) {
   if (window < 0) raise("window", "must be >= 0 (0: no window), got ", window);
   const int cp = sharder.cp_size();
   if (rank < 0 || rank >= cp) raise("rank", "must be in [0, ", cp, "), got ", rank);
@@ -135,6 +135,10 @@ AttentionPlan attention_plan(const Sharder& sharder, int microbatch, int rank,
       const auto queries = queries_by_document(
           meta[static_cast<std::size_t>(receiver)][static_cast<std::size_t>(b)]);
       for (std::size_t j = 0; j < keys.document.size(); ++j) {
+        if (keys_moved == KeyExchange::kAll) {
+          out.push_back(b * plan.local_len + static_cast<std::int64_t>(j));
+          continue;
+        }
         if (keys.padding[j]) continue;  // padding keys are never seen
         const auto found = queries.find(keys.document[j]);
         if (found != queries.end() && seen_by(found->second, keys.position[j], window))

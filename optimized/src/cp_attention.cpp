@@ -7,8 +7,10 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <functional>
+#include <mutex>
 #include <vector>
 
 #include "agreement.hpp"
@@ -160,7 +162,32 @@ at::Tensor as_slots(const Shape& s, const at::Tensor& t) {
   return t.reshape({-1, s.hkv, s.d}).to(at::kFloat).contiguous();
 }
 
+// The process's CpAttentionStats.
+std::mutex stats_mutex;
+CpAttentionStats stats;
+
+void record(const std::function<void(CpAttentionStats&)>& update) {
+  const std::lock_guard<std::mutex> lock(stats_mutex);
+  update(stats);
+}
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
 }  // namespace
+
+CpAttentionStats cp_attention_stats() {
+  const std::lock_guard<std::mutex> lock(stats_mutex);
+  return stats;
+}
+
+void reset_cp_attention_stats() {
+  const std::lock_guard<std::mutex> lock(stats_mutex);
+  stats = {};
+}
 
 std::int64_t cp_attention_received_bytes(const AttentionPlan& plan, std::int64_t hkv,
                                          std::int64_t head_dim, std::int64_t itemsize) {
@@ -190,7 +217,15 @@ CpAttentionForward cp_attention_forward(const at::Tensor& q, const at::Tensor& k
   // Stage 1: own keys (and the sinks).
   const at::Tensor q32 = q.to(at::kFloat).contiguous();
   auto [out, lse] = attend(s, q32, as_slots(s, k), as_slots(s, v), plan.own_keys, 0, options, true);
+  const auto waiting = Clock::now();
   arrived();
+  const double exposed = seconds_since(waiting);
+  record([&](CpAttentionStats& st) {
+    ++st.calls;
+    st.bytes_received += received.nbytes();
+    st.bytes_sent += outgoing.defined() ? outgoing.nbytes() : 0;
+    st.forward_exposed_seconds += exposed;
+  });
   // Stage 2: the received keys, merged by log-sum-exp (softmaxes over disjoint key sets).
   if (received.size(0) > 0) {
     const auto [remote_out, remote_lse] =
@@ -241,8 +276,15 @@ CpAttentionGrads cp_attention_backward(const at::Tensor& q, const at::Tensor& k,
             .contiguous();
     const at::Tensor index = send_index(plan);
     at::Tensor returned = at::empty({index.size(0), 2, s.hkv, s.d}, k.options());
+    const auto exchanging = Clock::now();
     mesh->all_to_all_v(outgoing.data_ptr(), element_counts(plan.recv, per_key), returned.data_ptr(),
                        element_counts(plan.send, per_key), detail::scalar_kind(k, "k"));
+    const double spent = seconds_since(exchanging);
+    record([&](CpAttentionStats& st) {
+      st.bytes_received += returned.nbytes();
+      st.bytes_sent += outgoing.nbytes();
+      st.backward_exchange_seconds += spent;
+    });
     dk_own.index_add_(0, index, returned.select(1, 0).to(at::kFloat));
     dv_own.index_add_(0, index, returned.select(1, 1).to(at::kFloat));
   }

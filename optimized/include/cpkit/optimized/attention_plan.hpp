@@ -43,9 +43,13 @@ struct AttentionPlan {
   std::int64_t all_gather_keys() const { return (cp_size - 1) * rows * local_len; }
 };
 
+// What the plan moves: the keys each rank needs (cp_attention's design), or every key, as an
+// all-gather would (the baseline bench/ compares against; the same outputs).
+enum class KeyExchange { kNeeded, kAll };
+
 // The plan of `rank`'s shard of microbatch `microbatch`, for a sliding window of `window`
 // keys (0: none). Raises naming `window` when it is negative, `rank` when out of range.
 AttentionPlan attention_plan(const Sharder& sharder, int microbatch, int rank,
-                             std::int64_t window = 0);
+                             std::int64_t window = 0, KeyExchange keys = KeyExchange::kNeeded);
 
 }  // namespace cpkit

@@ -52,6 +52,16 @@ CpAttentionGrads cp_attention_backward(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& grad_out, const AttentionPlan& plan,
                                        const MeshPtr& mesh, const CpAttentionOptions& options);
 
+// What this process's cp_attention calls moved and waited for since the last reset: bytes in
+// and out over both passes, and the seconds the forward waited for keys after its first
+// stage (communication the overlap did not hide) and the backward spent in its exchange.
+struct CpAttentionStats {
+  std::int64_t calls = 0, bytes_received = 0, bytes_sent = 0;
+  double forward_exposed_seconds = 0, backward_exchange_seconds = 0;
+};
+CpAttentionStats cp_attention_stats();
+void reset_cp_attention_stats();
+
 // Bytes the forward moves into this rank (the backward moves as many out): received keys
 // and values at `itemsize` bytes per element of [Hkv, D].
 std::int64_t cp_attention_received_bytes(const AttentionPlan& plan, std::int64_t hkv,

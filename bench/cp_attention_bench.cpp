@@ -1,0 +1,141 @@
+// cp_attention forward + backward over Gloo with real rank processes (one thread each),
+// moving only the needed keys (cpkit) against the same op moving every key (what an
+// all-gather brings; same kernel, same outputs). Per rank 0: seconds per step (manual time),
+// bytes received per step (forward keys and values, backward key gradients), and how much
+// of the forward's transfer the first stage hid: the wait after stage 1 over the time the
+// same exchange takes alone. Args: case (0: a packed row of 8192 tokens, lognormal
+// documents of median ~1000; 1: one document of 2048 tokens), CP, layout (0 contiguous,
+// 2 balanced), window, keys (1 needed, 0 all). Heads: 4 query, 2 key, D 32, float32.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <sstream>
+
+#include "bench_util.hpp"
+#include "cpkit/optimized/cp_attention.hpp"
+#include "cpkit/optimized/sharder.hpp"
+#include "rank_pool.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<int64_t> documents(int64_t which) {
+  if (which == 1) return {2048};
+  std::mt19937_64 rng(1234);
+  std::lognormal_distribution<double> length(std::log(1000.0), 1.2);
+  std::vector<int64_t> docs;
+  for (int64_t used = 0; used < 8192;) {
+    const int64_t n =
+        std::min<int64_t>(std::max<int64_t>(1, static_cast<int64_t>(length(rng))), 8192 - used);
+    docs.push_back(n);
+    used += n;
+  }
+  return docs;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Payload: "case layout window keys iterations"; reply: "seconds bytes exposed transfer".
+const cpkit::pool::TaskRegistrar bench_attention(
+    "bench_cp_attention", [](const std::string& payload, const cpkit::MeshPtr& mesh, int rank) {
+      std::istringstream in(payload);
+      int64_t which = 0, layout = 0, window = 0, needed = 1, iterations = 1;
+      in >> which >> layout >> window >> needed >> iterations;
+      at::set_num_threads(1);
+      const std::vector<int64_t> docs = documents(which);
+      int64_t T = 0;
+      for (const int64_t n : docs) T += n;
+      cpkit::CPBatch b;
+      b.input_ids = at::ones({1, T}, at::kLong);
+      b.labels = b.input_ids.clone();
+      b.seq_lens = at::tensor(docs, at::kLong).unsqueeze(0);
+      b.seq_lens_padded = b.seq_lens.clone();
+      b.qkv_format = "thd";
+      const cpkit::Sharder s = cpkit::prepare_packed_cp_inputs(
+          b, mesh, 1, true, {.layout = static_cast<cpkit::LayoutKind>(layout)});
+      const auto plan = std::make_shared<const cpkit::AttentionPlan>(cpkit::attention_plan(
+          s, 0, rank, window, needed ? cpkit::KeyExchange::kNeeded : cpkit::KeyExchange::kAll));
+      const int64_t L = plan->local_len;
+      at::manual_seed(rank);
+      const at::Tensor q = at::randn({1, L, 4, 32}).requires_grad_(true);
+      const at::Tensor k = at::randn({1, L, 2, 32}).requires_grad_(true);
+      const at::Tensor v = at::randn({1, L, 2, 32}).requires_grad_(true);
+      const at::Tensor d_out = at::randn({1, L, 4, 32});
+      auto step = [&] {
+        const cpkit::CpAttentionOutput o = cpkit::cp_attention(q, k, v, plan, mesh);
+        benchmark::DoNotOptimize(torch::autograd::grad({o.out}, {q, k, v}, {d_out}));
+      };
+      step();  // warm-up
+      cpkit::reset_cp_attention_stats();
+      int64_t sync = 0;
+      mesh->all_reduce_sum(&sync, 1, cpkit::ScalarKind::kInt64);
+      const auto start = Clock::now();
+      for (int64_t i = 0; i < iterations; ++i) step();
+      const double seconds = seconds_since(start) / static_cast<double>(iterations);
+      const cpkit::CpAttentionStats st = cpkit::cp_attention_stats();
+      // The forward's exchange alone, same buffers and counts.
+      std::vector<std::size_t> send, recv;
+      int64_t sent = 0;
+      for (const auto& list : plan->send) {
+        send.push_back(list.size() * 2 * 2 * 32);
+        sent += static_cast<int64_t>(list.size());
+      }
+      for (const auto& list : plan->recv) recv.push_back(list.size() * 2 * 2 * 32);
+      const at::Tensor out_buffer = at::randn({sent, 2, 2, 32});
+      const at::Tensor in_buffer = at::empty({plan->received_keys(), 2, 2, 32});
+      mesh->all_reduce_sum(&sync, 1, cpkit::ScalarKind::kInt64);
+      const auto xfer = Clock::now();
+      for (int64_t i = 0; i < iterations; ++i)
+        mesh->all_to_all_v(out_buffer.data_ptr(), send, in_buffer.data_ptr(), recv,
+                           cpkit::ScalarKind::kFloat32);
+      const double transfer = seconds_since(xfer) / static_cast<double>(iterations);
+      std::ostringstream reply;
+      reply << seconds << " " << static_cast<double>(st.bytes_received) / iterations << " "
+            << st.forward_exposed_seconds / iterations << " " << transfer;
+      return reply.str();
+    });
+
+void BM_CpAttention(benchmark::State& state) {
+  const int world = static_cast<int>(state.range(1));
+  std::ostringstream payload;
+  payload << state.range(0) << " " << state.range(2) << " " << state.range(3) << " "
+          << state.range(4) << " 2";
+  double bytes = 0, exposed = 0, transfer = 0;
+  for (auto _ : state) {
+    const auto replies =
+        cpkit::pool::RankPool::instance().run(world, "bench_cp_attention", payload.str());
+    for (const auto& r : replies)
+      if (!r.ok) {
+        state.SkipWithError(r.bytes.c_str());
+        return;
+      }
+    double seconds = 0;
+    std::istringstream(replies[0].bytes) >> seconds >> bytes >> exposed >> transfer;
+    state.SetIterationTime(seconds);
+  }
+  state.counters["bytes_received"] = bytes;
+  state.counters["fwd_exposed_ms"] = exposed * 1e3;
+  state.counters["fwd_transfer_alone_ms"] = transfer * 1e3;
+  state.SetLabel(state.range(4) ? "needed keys" : "all keys");
+}
+
+void cases(benchmark::internal::Benchmark* b) {
+  for (const int64_t which : {0, 1})
+    for (const int64_t cp : {2, 4})
+      for (const int64_t layout : {0, 2})
+        for (const int64_t needed : {1, 0}) b->Args({which, cp, layout, 0, needed});
+  b->Args({0, 4, 0, 128, 1})->Args({0, 4, 0, 128, 0});
+  b->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(2);
+}
+
+BENCHMARK(BM_CpAttention)->Apply(cases);
+
+}  // namespace
