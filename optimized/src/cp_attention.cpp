@@ -15,6 +15,7 @@
 
 #include "agreement.hpp"
 #include "cpkit/optimized/error.hpp"
+#include "fault_injection.hpp"
 #include "kernels/attention_launch.hpp"
 #include "mesh_capsule.hpp"
 #include "tensor_checks.hpp"
@@ -285,8 +286,10 @@ CpAttentionGrads cp_attention_backward(const at::Tensor& q, const at::Tensor& k,
       st.bytes_sent += outgoing.nbytes();
       st.backward_exchange_seconds += spent;
     });
-    dk_own.index_add_(0, index, returned.select(1, 0).to(at::kFloat));
-    dv_own.index_add_(0, index, returned.select(1, 1).to(at::kFloat));
+    if (!detail::fault("attention_grads_not_returned")) {  // the owner's keys' other users
+      dk_own.index_add_(0, index, returned.select(1, 0).to(at::kFloat));
+      dv_own.index_add_(0, index, returned.select(1, 1).to(at::kFloat));
+    }
   }
   return {dq.to(q.scalar_type()), dk_own.view(k.sizes()).to(k.scalar_type()),
           dv_own.view(v.sizes()).to(v.scalar_type()), dsinks};
