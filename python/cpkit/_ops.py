@@ -284,3 +284,12 @@ torch.library.register_autograd(_LIB + "cut_spliced", _cut_backward, setup_conte
 def _restore_index_fake(layout, local):  # type: ignore[no-untyped-def]
     padded_len = torch.library.get_ctx().new_dynamic_size()  # inside the plan's values
     return local.new_empty((padded_len,), dtype=torch.long)
+
+# ---- autocast: the fused head's GEMMs in bf16 as at::linear's are, never fp32 copies ----
+# Under torch.autocast an fp32 master head reaches these ops as HF's lm_head would see it:
+# hidden and weight cast to bfloat16 (the reduced precision the fused head supports; the
+# casts are differentiable, so fp32 leaves get fp32 gradients). Backward ops are not
+# registered: their upstream gradients must stay fp32.
+for _op in ("shifted_cp_linear_loss", "token_logprobs"):
+    for _device in ("cpu", "cuda"):
+        torch.library.register_autocast(_LIB + _op, _device, torch.bfloat16)

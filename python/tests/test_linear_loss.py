@@ -49,6 +49,29 @@ def test_equals_head_then_cross_entropy(dtype, tol, softcap, chunk_rows):
     torch.testing.assert_close(w1.grad.float(), w2.grad.float(), rtol=tol, atol=tol)
 
 
+def test_autocast_runs_the_head_in_bf16_like_linear():
+    """Under torch.autocast an fp32 master head goes through the fused loss as HF's lm_head
+    (at::linear) would: hidden and weight in bf16, fp32 gradients for the fp32 leaves; equal
+    to the same call on bf16 copies outside autocast."""
+    hidden, weight, labels, valid = _case(torch.float32, seed=5)
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert F.linear(h, w).dtype == torch.bfloat16  # what the model's head would do
+        loss = cpkit.shifted_cp_linear_loss(h, w, labels, valid)
+        logprobs = cpkit.token_logprobs(h, w, labels, valid).logprobs
+    loss.backward()
+    assert h.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
+    hb = hidden.bfloat16().requires_grad_(True)
+    wb = weight.bfloat16().requires_grad_(True)
+    expected = cpkit.shifted_cp_linear_loss(hb, wb, labels, valid)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=0, atol=0)
+    torch.testing.assert_close(h.grad, hb.grad.float(), rtol=0, atol=0)
+    torch.testing.assert_close(w.grad, wb.grad.float(), rtol=0, atol=0)
+    torch.testing.assert_close(logprobs, cpkit.token_logprobs(hb, wb, labels, valid).logprobs,
+                               rtol=0, atol=0)
+
+
 def test_upstream_scales_both_gradients():
     hidden, weight, labels, valid = _case(torch.float32, seed=3)
     h, w = hidden.requires_grad_(True), weight.requires_grad_(True)
