@@ -20,8 +20,10 @@ torch.ops.load_library(str(pathlib.Path(__file__).with_name("_C.so")))
 
 from . import _ops  # noqa: E402,F401  (autograd and fake kernels)
 from ._api import (  # noqa: E402
+    CpAttention,
     Sharder,
     TokenLogprobs,
+    cp_attention,
     gather_tokens,
     prepare_cp_inputs,
     prepare_packed_cp_inputs,
@@ -35,8 +37,10 @@ from ._errors import CPError  # noqa: E402
 
 __all__ = [
     "CPError",
+    "CpAttention",
     "Sharder",
     "TokenLogprobs",
+    "cp_attention",
     "gather_tokens",
     "prepare_cp_inputs",
     "prepare_packed_cp_inputs",

@@ -159,6 +159,28 @@ def token_logprobs(
     return TokenLogprobs(lp, ent if entropy else None, has)
 
 
+class CpAttention(NamedTuple):
+    out: torch.Tensor  # [rows, L, Hq, D], q's dtype
+    lse: torch.Tensor  # [rows, Hq, L] float32, -inf where a query sees nothing
+
+
+@translate
+def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: list,
+                 mesh: Mesh = None, scale: float = 0.0, softcap: float = 0.0,
+                 sinks: Optional[torch.Tensor] = None) -> CpAttention:
+    """cpkit's own context-parallel attention (docs/spec.md section 4b), CPU for now.
+
+    ``q [rows, L, Hq, D]``, ``k``, ``v [rows, L, Hkv, D]`` (the shard's tokens in local
+    order; GQA without repeating heads), ``plan`` = ``Sharder.attention_plan(m, window)``.
+    Each rank receives only the keys its queries may see (document-causal, the window),
+    attends over its own keys while they travel, then over the received ones. ``scale`` (0:
+    ``1 / sqrt(D)``), ``softcap`` (Gemma 2), ``sinks [Hq]`` float32 (gpt-oss). Differentiable
+    in q, k, v and sinks; key gradients return to the ranks that own the keys."""
+    out, lse, _ = torch.ops.cpkit.cp_attention(q, k, v, sinks, plan, group_name(mesh),
+                                               float(scale), float(softcap))
+    return CpAttention(out, lse)
+
+
 @translate
 def restore_order(local: torch.Tensor, layout: torch.Tensor, mesh: Mesh = None) -> torch.Tensor:
     """Per-token values of this rank's shard ``[rows, L, ...]`` (local order, e.g. per-token
@@ -250,6 +272,19 @@ class Sharder:
         if self._layout_kind != "contiguous":
             self._offsets[microbatch]["k_index"] = k_index
         return dict(self._offsets[microbatch])
+
+    @translate
+    def attention_plan(self, microbatch: int, window: int = 0) -> list:
+        """This rank's attention plan for :func:`cp_attention` (docs/spec.md section 4b):
+        which keys it sends to and receives from each rank, and each query's keys, derived
+        from the batch alone (no communication); ``window`` (0: none) the sliding window.
+        Opaque: pass it to ``cp_attention`` as it is."""
+        self._shard(microbatch)
+        return torch.ops.cpkit.attention_plan(
+            *(self._batch.get(key) for key in _TENSOR_KEYS), self._format, self.cp_size,
+            self.rank, self._num_chunks, self._pad_multiple, microbatch, self._layout_kind,
+            int(window),
+        )
 
     def layout(self, microbatch: int) -> dict:
         """``seq_len``, ``padded_len``, ``local_len`` and ``fragments`` (this rank's global

@@ -201,6 +201,47 @@ torch.library.register_autograd(
     _LIB + "token_logprobs", _logprobs_backward, setup_context=_logprobs_setup
 )
 
+# ---- cp_attention: only the needed keys move; the backward returns their gradients ----
+
+
+@torch.library.register_fake(_LIB + "cp_attention")
+def _attention_fake(q, k, v, sinks, plan, group_name, scale, softcap):  # type: ignore[no-untyped-def]
+    rows, L, hq, _ = q.shape
+    received = k.new_empty((plan[4].shape[0], 2, k.shape[2], k.shape[3]))  # plan[4]: recv lists
+    return torch.empty_like(q), q.new_empty((rows, hq, L), dtype=torch.float32), received
+
+
+@torch.library.register_fake(_LIB + "cp_attention_backward")
+def _attention_backward_fake(q, k, v, sinks, out, lse, received, grad_out, plan, group_name,
+                             scale, softcap):  # type: ignore[no-untyped-def]
+    dsinks = torch.empty_like(sinks) if sinks is not None else q.new_empty((0,),
+                                                                             dtype=torch.float32)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
+
+
+def _attention_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
+    q, k, v, sinks, plan, group, scale, softcap = inputs
+    ctx.save_for_backward(q, k, v, sinks, output[0], output[1], output[2], *plan)
+    ctx.options = (group, scale, softcap)
+    ctx.no_plan_grads = [None] * len(plan)  # the backward returns the inputs' structure
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.set_materialize_grads(False)
+
+
+def _attention_backward(ctx: Any, grad_out: Any, *_rest: Any) -> tuple:
+    if grad_out is None:
+        return None, None, None, None, ctx.no_plan_grads, None, None, None
+    q, k, v, sinks, out, lse, received, *plan = ctx.saved_tensors
+    dq, dk, dv, dsinks = torch.ops.cpkit.cp_attention_backward(
+        q, k, v, sinks, out, lse, received, grad_out, plan, *ctx.options)
+    return (dq, dk, dv, dsinks if sinks is not None else None, ctx.no_plan_grads, None, None,
+            None)
+
+
+torch.library.register_autograd(
+    _LIB + "cp_attention", _attention_backward, setup_context=_attention_setup
+)
+
 # ---- sharding: data in, shards out (no autograd); the in-forward cut is differentiable ----
 
 

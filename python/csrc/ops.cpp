@@ -21,21 +21,11 @@
 #include "cpkit/optimized/validation.hpp"
 #include "layout_codec.hpp"
 #include "mesh_registry.hpp"
+#include "op_support.hpp"
 
 namespace cpkit::python {
 
 namespace {
-
-// cpkit::Error becomes Python's ValueError (c10::ValueError), message unchanged; cpkit's
-// Python layer raises it as cpkit.CPError.
-template <class F>
-auto checked(F&& body) -> decltype(body()) {
-  try {
-    return body();
-  } catch (const Error& e) {
-    TORCH_CHECK_VALUE(false, e.what());
-  }
-}
 
 // An op's output never aliases its input (its schema promises a fresh tensor): at CP = 1
 // or for a cut that is already contiguous the library returns a view, copied here.
@@ -179,26 +169,6 @@ void set_value_checks_op(const std::string& mode) {
   });
 }
 
-CPBatch batch_of(const std::optional<at::Tensor>& input_ids,
-                 const std::optional<at::Tensor>& inputs_embeds, const at::Tensor& labels,
-                 const std::optional<at::Tensor>& position_ids,
-                 const std::optional<at::Tensor>& attention_mask,
-                 const std::optional<at::Tensor>& seq_lens,
-                 const std::optional<at::Tensor>& seq_lens_padded, const std::string& qkv_format,
-                 const std::vector<at::Tensor>& images = {}) {
-  CPBatch batch;
-  batch.images = images;
-  batch.qkv_format = qkv_format;
-  batch.input_ids = input_ids.value_or(at::Tensor());
-  batch.inputs_embeds = inputs_embeds.value_or(at::Tensor());
-  batch.labels = labels;
-  batch.position_ids = position_ids.value_or(at::Tensor());
-  batch.attention_mask = attention_mask.value_or(at::Tensor());
-  batch.seq_lens = seq_lens.value_or(at::Tensor());
-  batch.seq_lens_padded = seq_lens_padded.value_or(at::Tensor());
-  return batch;
-}
-
 // `packed`: the caller's function (prepare_packed_cp_inputs or prepare_cp_inputs), which
 // checks the batch's qkv_format.
 Sharder sharder_on(const CPBatch& batch, bool packed, const MeshPtr& mesh, int64_t num_chunks,
@@ -208,20 +178,6 @@ Sharder sharder_on(const CPBatch& batch, bool packed, const MeshPtr& mesh, int64
   return packed ? prepare_packed_cp_inputs(batch, mesh, static_cast<int>(num_chunks), shard_primary,
                                            pad)
                 : prepare_cp_inputs(batch, mesh, static_cast<int>(num_chunks), shard_primary, pad);
-}
-
-// The batch sharded for `cp_size` ranks without communication (attention offsets: computed
-// per rank on demand, so no collective may run here).
-Sharder sharder_for(const CPBatch& batch, int64_t cp_size, int64_t rank, int64_t num_chunks,
-                    int64_t pad_multiple, const std::string& layout) {
-  const PadOptions pad{static_cast<int>(pad_multiple), 0, layout_kind(layout)};
-  Sharder sharder = batch.qkv_format == "thd"
-                        ? prepare_packed_cp_inputs_for(batch, static_cast<int>(cp_size),
-                                                       static_cast<int>(num_chunks), false, pad)
-                        : prepare_cp_inputs_for(batch, static_cast<int>(cp_size),
-                                                static_cast<int>(num_chunks), false, pad);
-  if (rank < 0 || rank >= cp_size) raise("rank", "must be in [0, ", cp_size, "), got ", rank);
-  return sharder;
 }
 
 // The shard op's tensors per microbatch, in this order, the one place it is written: Python

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 import cpkit
+from attention_truth import attention
 from cpkit._mesh import group_name as _group_name
 from test_offsets import masked, varlen
 from test_opcheck import opcheck_shard
@@ -354,6 +355,42 @@ def check_layout_streams(batch: dict, packed: bool, mesh, rank: int, cp: int,
         raise AssertionError(f"a {layout_kind} shard's loss without its plan did not raise")
 
 
+def check_cp_attention(batch: dict, mesh, rank: int, cp: int, layout_kind: str,
+                       window: int) -> None:
+    """cp_attention on every microbatch of a packed batch against attention over the whole
+    row in torch (attention_truth.py, double): this rank's outputs and the gradients of its
+    own q, k, v (key gradients summed over every rank's queries) and of the sinks (this
+    rank's term, summed over the ranks here)."""
+    chunks = batch["labels"].shape[0]
+    sharder = cpkit.prepare_packed_cp_inputs(batch, chunks, mesh=mesh, layout=layout_kind)
+    whole = cpkit.prepare_packed_cp_inputs(batch, chunks, mesh=None)
+    for m in range(sharder.num_microbatches):
+        T = sharder.layout(m)["padded_len"]
+        meta = {key: torch.nn.functional.pad(whole.local(m)[key][0], (0, T - whole.layout(m)["padded_len"]),
+                                             value=key == "padding")
+                for key in ("position_ids", "document_ids", "padding")}
+        g = torch.Generator().manual_seed(40 + m)  # the same global tensors on every rank
+        q, k, v, d_out = (torch.randn(T, h, 4, generator=g) for h in (4, 2, 2, 4))
+        sinks = torch.randn(4, generator=g)
+        positions = sharder.positions(m)
+        mine = [t[positions].unsqueeze(0).clone().requires_grad_(True) for t in (q, k, v)]
+        own_sinks = sinks.clone().requires_grad_(True)
+        got = cpkit.cp_attention(*mine, sharder.attention_plan(m, window), mesh, softcap=3.0,
+                                 sinks=own_sinks)
+        exact = [t.double().requires_grad_(True) for t in (q, k, v, sinks)]
+        want, lse = attention(*exact[:3], meta, window, 0.0, 3.0, exact[3])
+        torch.testing.assert_close(got.out[0].double(), want[positions], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.lse[0].double(), lse[:, positions], rtol=1e-5, atol=1e-5)
+        grads = torch.autograd.grad(got.out, mine + [own_sinks], d_out[positions].unsqueeze(0))
+        truths = torch.autograd.grad(want, exact, d_out.double())
+        for name, grad, truth in zip("qkv", grads[:3], truths[:3]):
+            torch.testing.assert_close(grad[0].double(), truth[positions], rtol=1e-4, atol=1e-5,
+                                       msg=f"d{name}, {layout_kind}, window {window}")
+        dsinks = grads[3].clone()
+        torch.distributed.all_reduce(dsinks, group=cp_group(mesh))
+        torch.testing.assert_close(dsinks.double(), truths[3], rtol=1e-4, atol=1e-5)
+
+
 def expect_disagreement(mesh, rank: int, cp: int, call, argument: str, *parts: str) -> None:
     """``call(differs)`` with ``differs`` true on the last rank raises CPError on every rank
     within a second, naming ``argument``, this rank and each of ``parts``; the next collective
@@ -547,6 +584,8 @@ def main() -> None:
     check_token_logprobs(bshd, False, mesh, rank, cp, vocab, seed=21)
     check_token_logprobs(packed, True, mesh, rank, cp, vocab, seed=22, softcap=4.0,
                          temperature=0.7, layout_kind="balanced")
+    for kind in ("contiguous", "head_tail", "balanced"):
+        check_cp_attention(packed, mesh, rank, cp, kind, window=0 if kind != "head_tail" else 4)
     check_errors(mesh, rank, cp)
     if os.environ.get("CPKIT_COMPILE") == "1":
         check_compile(mesh, rank, cp)
