@@ -62,6 +62,9 @@ def main() -> int:
                         choices=("contiguous", "head_tail", "balanced"))
     parser.add_argument("--loss", default="fused", choices=("fused", "logits"))
     parser.add_argument("--compile", action="store_true", help="torch.compile the CP model")
+    parser.add_argument("--attention", default="auto", choices=("auto", "cpkit", "sdpa"),
+                        help="cpkit.integrations.transformers.apply's attention backend "
+                             "(auto: cpkit's own on the CPU)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     if dist.get_world_size() != DP * CP:
@@ -72,7 +75,7 @@ def main() -> int:
     reference = LlamaForCausalLM(LlamaConfig(**CONFIG))
     model = copy.deepcopy(reference)
 
-    cp_hf.apply(model, mesh["cp"], loss=args.loss)
+    cp_hf.apply(model, mesh["cp"], loss=args.loss, attention=args.attention)
     everyone = mesh["dp", "cp"]._flatten("dp_cp")  # FSDP over every rank
     for layer in model.model.layers:
         fully_shard(layer, mesh=everyone)

@@ -121,6 +121,14 @@ def main() -> None:
     check("mistral packed sliding window logits", mesh, "mistral", flat, "contiguous", "logits")
     check("llama BSHD left padding", mesh, "llama", padded_rows(2), "contiguous", "fused")
     check("llama BSHD head_tail logits", mesh, "llama", padded_rows(3), "head_tail", "logits")
+    # cpkit's own attention (only the needed keys move) on every layout and a sliding window.
+    for layout in ("contiguous", "head_tail", "balanced"):
+        check(f"llama packed {layout} cpkit attention", mesh, "llama", flat, layout, "fused",
+              "cpkit")
+    check("qwen2 packed balanced sliding window cpkit attention", mesh, "qwen2", flat, "balanced",
+          "fused", "cpkit")
+    check("llama BSHD left padding cpkit attention", mesh, "llama", padded_rows(2), "contiguous",
+          "fused", "cpkit")
     _hf_attention.varlen_attn = reference_varlen
     for layout in ("contiguous", "balanced"):
         check(f"llama varlen offsets {layout}", mesh, "llama", flat, layout, "fused", "varlen")

@@ -1,13 +1,16 @@
-"""The attention function cpkit registers with transformers' AttentionInterface: the shard's
-queries against the keys and values of the whole sequence (cpkit.gather_tokens along the
-token axis of HF's [B, H, S, D]), masked exactly by document, position and padding
-(docs/spec.md section 3's mask rule)."""
+"""The attention function cpkit registers with transformers' AttentionInterface. Backend
+"cpkit": cpkit.cp_attention (docs/spec.md section 4b), which moves only the keys each rank's
+queries need, with sliding windows, attention sinks and soft-capped logits (CPU tensors for
+now). Backends "sdpa" and "varlen": the shard's queries against the keys and values of the
+whole sequence (cpkit.gather_tokens along the token axis of HF's [B, H, S, D]), masked
+exactly by document, position and padding (section 3's mask rule)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from .._api import cp_attention as _cp_attention
 from .._api import gather_tokens
 from .._errors import raise_error
 
@@ -17,7 +20,7 @@ except ImportError:  # pragma: no cover - torch without the varlen API
     varlen_attn = None
 
 NAME = "cpkit"
-BACKENDS = ("auto", "sdpa", "varlen")
+BACKENDS = ("auto", "cpkit", "sdpa", "varlen")
 
 
 def attention_context(shard: dict, positions: torch.Tensor, mesh, backend: str) -> dict:
@@ -26,6 +29,9 @@ def attention_context(shard: dict, positions: torch.Tensor, mesh, backend: str) 
     gathers), in rank order like the keys, whatever the layout."""
     pos_q, doc_q, pad_q = positions, shard["document_ids"], shard["padding"]
     context = {"mesh": mesh, "backend": backend, "shard": shard}
+    if backend == "cpkit":
+        context["plans"] = {}  # per sliding window, planned on first use in this step
+        return context
     if backend == "varlen":
         return context
     pos_k = gather_tokens(pos_q, mesh, differentiable=False, dim=1)
@@ -57,10 +63,12 @@ def cp_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
         raise_error("cpkit_attention", "is missing: this model's attention was made "
                     "context-parallel by cpkit.integrations.transformers.apply; call the "
                     "model with model(**shard_batch(batch, mesh))")
+    if context["backend"] == "cpkit":
+        return _cpkit(query, key, value, context, scaling, dropout, sliding_window, kwargs), None
     for name in ("s_aux", "softcap"):  # attention sinks, attention-logit soft-capping
         if kwargs.get(name) is not None:
-            raise_error("model", f"passes '{name}' to its attention, which cpkit's attention "
-                        "does not implement")
+            raise_error("model", f"passes '{name}' to its attention, which the "
+                        f"\"{context['backend']}\" backend does not implement (\"cpkit\" does)")
     mesh = context["mesh"]
     keys = gather_tokens(key, mesh, dim=2)  # [B, Hkv, CP * L, D], rank order
     values = gather_tokens(value, mesh, dim=2)
@@ -72,6 +80,24 @@ def cp_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, dropout_p=dropout,
                                          scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
+
+
+def _cpkit(query, key, value, context, scaling, dropout, sliding_window, kwargs):
+    """cpkit.cp_attention on HF's [B, H, L, D] views: only the needed keys move; sinks
+    (gpt-oss's ``s_aux``) and soft-capped logits (Gemma 2) inside the op."""
+    if dropout:
+        raise_error("model", f"trains with attention dropout {dropout}, which cpkit's "
+                    "attention does not apply")
+    window = int(sliding_window or 0)
+    plans = context["plans"]
+    if window not in plans:
+        plans[window] = context["shard"]["attention_plan"](window)
+    sinks = kwargs.get("s_aux")
+    out = _cp_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                        plans[window], context["mesh"], scale=scaling or 0.0,
+                        softcap=float(kwargs.get("softcap") or 0.0),
+                        sinks=None if sinks is None else sinks.float())
+    return out.out  # [B, L, Hq, D]
 
 
 def _varlen(query, keys, values, shard, scaling, sliding_window) -> torch.Tensor:

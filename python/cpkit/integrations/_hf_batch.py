@@ -5,6 +5,8 @@ Documents come from ``seq_lens`` (cpkit's own) or from ``position_ids`` restarti
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .._api import prepare_cp_inputs, prepare_packed_cp_inputs
@@ -94,6 +96,7 @@ def shard_batch(batch: dict, mesh: Mesh, *, layout: str = "contiguous",
     out = {primary: local.pop(primary), "position_ids": local.pop("position_ids"),
            "labels": local.pop("labels")}
     local.update(group=group_name(mesh), rank=sharder.rank, cp=sharder.cp_size,
-                 packed=converted["qkv_format"] == "thd")
+                 packed=converted["qkv_format"] == "thd",
+                 attention_plan=functools.partial(sharder.attention_plan, 0))
     out["cpkit_shard"] = local
     return out
