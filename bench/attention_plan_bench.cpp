@@ -15,6 +15,7 @@
 
 #include "cpkit/optimized/attention_plan.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "packed_rows.hpp"
 
 namespace {
 
@@ -25,29 +26,14 @@ constexpr int64_t kTokens = 16384;
 std::vector<std::vector<int64_t>> rows_of(int64_t which) {
   if (which == 1) return {{kTokens}};
   std::mt19937_64 rng(1234);
-  std::lognormal_distribution<double> length(std::log(1000.0), 1.2);
   std::vector<std::vector<int64_t>> rows;
-  for (int r = 0; r < 20; ++r) {
-    std::vector<int64_t> docs;
-    for (int64_t used = 0; used < kTokens;) {
-      const int64_t n = std::min<int64_t>(std::max<int64_t>(1, static_cast<int64_t>(length(rng))),
-                                          kTokens - used);
-      docs.push_back(n);
-      used += n;
-    }
-    rows.push_back(docs);
-  }
+  for (int r = 0; r < 20; ++r) rows.push_back(cpkit::bench::lognormal_documents(kTokens, rng));
   return rows;
 }
 
 cpkit::Sharder shard(const std::vector<int64_t>& docs, int cp, LayoutKind kind) {
-  cpkit::CPBatch b;
-  b.input_ids = at::ones({1, kTokens}, at::kLong);
-  b.labels = b.input_ids.clone();
-  b.seq_lens = at::tensor(docs, at::kLong).unsqueeze(0);
-  b.seq_lens_padded = b.seq_lens.clone();
-  b.qkv_format = "thd";
-  return cpkit::prepare_packed_cp_inputs_for(b, cp, 1, true, {.layout = kind});
+  return cpkit::prepare_packed_cp_inputs_for(cpkit::bench::packed_row(docs), cp, 1, true,
+                                             {.layout = kind});
 }
 
 void run(benchmark::State& state, LayoutKind kind) {

@@ -21,6 +21,7 @@
 #include "bench_util.hpp"
 #include "cpkit/optimized/cp_attention.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "packed_rows.hpp"
 #include "rank_pool.hpp"
 
 namespace {
@@ -30,15 +31,7 @@ using Clock = std::chrono::steady_clock;
 std::vector<int64_t> documents(int64_t which) {
   if (which == 1) return {2048};
   std::mt19937_64 rng(1234);
-  std::lognormal_distribution<double> length(std::log(1000.0), 1.2);
-  std::vector<int64_t> docs;
-  for (int64_t used = 0; used < 8192;) {
-    const int64_t n =
-        std::min<int64_t>(std::max<int64_t>(1, static_cast<int64_t>(length(rng))), 8192 - used);
-    docs.push_back(n);
-    used += n;
-  }
-  return docs;
+  return cpkit::bench::lognormal_documents(8192, rng);
 }
 
 double seconds_since(Clock::time_point start) {
@@ -52,17 +45,9 @@ const cpkit::pool::TaskRegistrar bench_attention(
       int64_t which = 0, layout = 0, window = 0, needed = 1, iterations = 1;
       in >> which >> layout >> window >> needed >> iterations;
       at::set_num_threads(1);
-      const std::vector<int64_t> docs = documents(which);
-      int64_t T = 0;
-      for (const int64_t n : docs) T += n;
-      cpkit::CPBatch b;
-      b.input_ids = at::ones({1, T}, at::kLong);
-      b.labels = b.input_ids.clone();
-      b.seq_lens = at::tensor(docs, at::kLong).unsqueeze(0);
-      b.seq_lens_padded = b.seq_lens.clone();
-      b.qkv_format = "thd";
-      const cpkit::Sharder s = cpkit::prepare_packed_cp_inputs(
-          b, mesh, 1, true, {.layout = static_cast<cpkit::LayoutKind>(layout)});
+      const cpkit::Sharder s =
+          cpkit::prepare_packed_cp_inputs(cpkit::bench::packed_row(documents(which)), mesh, 1, true,
+                                          {.layout = static_cast<cpkit::LayoutKind>(layout)});
       const auto plan = std::make_shared<const cpkit::AttentionPlan>(cpkit::attention_plan(
           s, 0, rank, window, needed ? cpkit::KeyExchange::kNeeded : cpkit::KeyExchange::kAll));
       const int64_t L = plan->local_len;

@@ -173,21 +173,33 @@ RC_GTEST_PROP(ReferenceCpAttention, EveryLayoutEqualsTheUnshardedRow, ()) {
   }
 }
 
-// Independent truths for the oracle itself. Without options and with one head it is the
-// masked attention of section 3 (attention.hpp, written separately).
-RC_GTEST_PROP(ReferenceCpAttention, WithoutOptionsIsMaskedAttention, ()) {
+// One head over a whole packed row (CP 1): q, k, v, an output gradient and the metadata.
+struct OneHeadRow {
+  FloatMatrix q, k, v, d_out;
+  TokenMeta meta;
+};
+
+OneHeadRow gen_one_head_row() {
   PackedCase c = *gen_packed_case();
   c.rows.resize(1);
   const int d = *rc::gen::inRange(1, 5);
   const Sharder s = prepare_packed_cp_inputs(make_batch(c), options_of(c));
   const GlobalStreams& g = s.global(0);
-  const FloatMatrix q = random_floats(g.padded_len, d, 1, input_seed(c.seed, Input::kQuery));
-  const FloatMatrix k = random_floats(g.padded_len, d, 1, input_seed(c.seed, Input::kKey));
-  const FloatMatrix v = random_floats(g.padded_len, d, 1, input_seed(c.seed, Input::kValue));
-  const FloatMatrix d_o =
-      random_floats(g.padded_len, d, 1, input_seed(c.seed, Input::kAttentionGrad));
-  const TokenMeta meta{g.position_ids.row(0).transpose(), g.document_ids.row(0).transpose(),
-                       g.padding.row(0).transpose()};
+  auto input = [&](Input which) {
+    return random_floats(g.padded_len, d, 1, input_seed(c.seed, which));
+  };
+  return {input(Input::kQuery),
+          input(Input::kKey),
+          input(Input::kValue),
+          input(Input::kAttentionGrad),
+          {g.position_ids.row(0).transpose(), g.document_ids.row(0).transpose(),
+           g.padding.row(0).transpose()}};
+}
+
+// Independent truths for the oracle itself. Without options and with one head it is the
+// masked attention of section 3 (attention.hpp, written separately).
+RC_GTEST_PROP(ReferenceCpAttention, WithoutOptionsIsMaskedAttention, ()) {
+  const auto [q, k, v, d_o, meta] = gen_one_head_row();
   const RankHeads whole{{q}, {k}, {v}, meta};
   const HeadsGrads grads = cp_attention_backward({whole}, {{d_o}}, {})[0];
   const AttentionGrads want = masked_attention_backward(q, k, v, meta, meta, d_o);
@@ -200,24 +212,17 @@ RC_GTEST_PROP(ReferenceCpAttention, WithoutOptionsIsMaskedAttention, ()) {
 // A window of 1 lets each query see itself alone: its output is its own value and its
 // log-sum-exp its own score (no sink), whatever else the row holds.
 RC_GTEST_PROP(ReferenceCpAttention, WindowOfOneSeesItselfAlone, ()) {
-  PackedCase c = *gen_packed_case();
-  c.rows.resize(1);
-  const int d = *rc::gen::inRange(1, 5);
-  const Sharder s = prepare_packed_cp_inputs(make_batch(c), options_of(c));
-  const GlobalStreams& g = s.global(0);
-  const FloatMatrix q = random_floats(g.padded_len, d, 1, input_seed(c.seed, Input::kQuery));
-  const FloatMatrix k = random_floats(g.padded_len, d, 1, input_seed(c.seed, Input::kKey));
-  const FloatMatrix v = random_floats(g.padded_len, d, 1, input_seed(c.seed, Input::kValue));
-  const TokenMeta meta{g.position_ids.row(0).transpose(), g.document_ids.row(0).transpose(),
-                       g.padding.row(0).transpose()};
+  const auto [q, k, v, d_o, meta] = gen_one_head_row();
+  const Eigen::Index d = q.cols();
   AttentionOptions window_one;
   window_one.window = 1;
   const HeadsOutput out = cp_attention({RankHeads{{q}, {k}, {v}, meta}}, window_one)[0];
-  for (Eigen::Index i = 0; i < g.padded_len; ++i) {
+  for (Eigen::Index i = 0; i < q.rows(); ++i) {
     if (meta.document(i) == 0 || meta.padding(i)) continue;  // sees nothing (or is padding)
-    const double score = q.row(i).cast<double>().dot(k.row(i).cast<double>()) / std::sqrt(d);
+    const double score =
+        q.row(i).cast<double>().dot(k.row(i).cast<double>()) / std::sqrt(static_cast<double>(d));
     RC_ASSERT(std::abs(out.lse[0](i) - score) <= kTol * (1 + std::abs(score)));
-    for (int j = 0; j < d; ++j) RC_ASSERT(std::abs(out.out[0](i, j) - v(i, j)) <= kTol);
+    for (Eigen::Index j = 0; j < d; ++j) RC_ASSERT(std::abs(out.out[0](i, j) - v(i, j)) <= kTol);
   }
 }
 
