@@ -6,10 +6,11 @@ against the same model trained in one process on the unsharded batches.
 
 Each rank holds its shard of every packed row (cpkit.prepare_packed_cp_inputs): a contiguous
 block, or under a load-balanced layout pieces of documents chosen so every rank does the same
-causal attention work. The attention layer's keys and values come through
-cpkit.gather_tokens (in rank order, whatever the layout), together with the gathered
-positions, document ids and padding flags that give the exact document-causal mask (on a GPU,
-a varlen kernel driven by the shard's offsets instead). The LM head's logits go to
+causal attention work. The attention layer is cpkit.cp_attention: each rank receives only the
+keys and values its queries may see (the shard's attention plan) and returns their gradients
+to their owners (on a GPU, where cp_attention does not run yet: keys gathered with
+cpkit.gather_tokens into a varlen kernel driven by the shard's offsets). The one-process run
+writes the document-causal mask out over the whole row. The LM head's logits go to
 cpkit.shifted_cp_loss with the shard's layout, whose CP / N scaling makes the average of the
 ranks' gradients (all-reduce / CP, as FSDP does) the single-device gradient. Rank 0 prints both
 runs' losses step by step; every rank exits 1 if they differ.
@@ -48,27 +49,31 @@ class TinyLM(torch.nn.Module):
         """ids [L] of this rank's shard -> logits [1, L, V]. mesh None: the whole row."""
         x = self.embed(ids)
         q, k, v = self.qkv(x).chunk(3, dim=-1)
-        # Keys and values of the whole row, with the metadata that masks them exactly.
-        k_all = cpkit.gather_tokens(k, mesh, differentiable=True)
-        v_all = cpkit.gather_tokens(v, mesh, differentiable=True)
-        pos_q, doc_q = shard["position_ids"].flatten(), shard["document_ids"].flatten()
-        pos_k = cpkit.gather_tokens(pos_q, mesh, differentiable=False)
-        doc_k = cpkit.gather_tokens(doc_q, mesh, differentiable=False)
-        pad_k = cpkit.gather_tokens(shard["padding"].flatten(), mesh, differentiable=False)
-        if x.is_cuda and varlen_attn is not None:  # a varlen kernel with cpkit's offsets
-            return self.head(x + self.out(self.varlen(q, k_all, v_all, shard))).unsqueeze(0)
-        allowed = ((doc_q[:, None] > 0) & (doc_q[:, None] == doc_k[None, :])
-                   & (pos_k[None, :] <= pos_q[:, None]) & ~pad_k[None, :])
-        # Queries with no key (slot padding of empty documents, the row tail) attend to
-        # themselves: SDPA would give NaN, and their outputs only reach ignored labels.
-        own = torch.arange(len(ids)) + shard["first_key"]
-        allowed[torch.arange(len(ids)), own] |= ~allowed.any(1)
-        heads = lambda t: t.view(t.shape[0], HEADS, -1).transpose(0, 1)  # noqa: E731
-        attended = F.scaled_dot_product_attention(heads(q), heads(k_all), heads(v_all),
-                                                  attn_mask=allowed)
-        h = x + self.out(attended.transpose(0, 1).reshape(len(ids), HIDDEN))
-        return self.head(h).unsqueeze(0)
+        if mesh is None:
+            attended = self.masked(q, k, v, shard)
+        elif x.is_cuda and varlen_attn is not None:  # a varlen kernel with cpkit's offsets
+            k_all = cpkit.gather_tokens(k, mesh, differentiable=True)
+            v_all = cpkit.gather_tokens(v, mesh, differentiable=True)
+            attended = self.varlen(q, k_all, v_all, shard)
+        else:  # only the keys this rank's queries may see move
+            heads = lambda t: t.view(1, len(ids), HEADS, -1)  # noqa: E731
+            out = cpkit.cp_attention(heads(q), heads(k), heads(v), shard["attention_plan"], mesh)
+            attended = out.out.reshape(len(ids), HIDDEN)
+        return self.head(x + self.out(attended)).unsqueeze(0)
 
+    def masked(self, q, k, v, whole) -> torch.Tensor:
+        """Attention over the whole row with the document-causal mask written out."""
+        pos, doc = whole["position_ids"].flatten(), whole["document_ids"].flatten()
+        pad = whole["padding"].flatten()
+        allowed = ((doc[:, None] > 0) & (doc[:, None] == doc[None, :])
+                   & (pos[None, :] <= pos[:, None]) & ~pad[None, :])
+        seen = allowed.any(1)
+        # Queries with no key (slot padding of empty documents, the row tail) get zeros, as
+        # cp_attention gives them; their outputs only reach ignored labels.
+        allowed[~seen, torch.arange(len(pos))[~seen]] = True
+        heads = lambda t: t.view(t.shape[0], HEADS, -1).transpose(0, 1)  # noqa: E731
+        attended = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=allowed)
+        return attended.transpose(0, 1).reshape(len(pos), HIDDEN) * seen[:, None]
 
     def varlen(self, q, k_all, v_all, shard) -> torch.Tensor:
         """The same attention from cpkit's varlen offsets (docs/optimized.md): the shard's
@@ -110,8 +115,7 @@ def packed_batch(step: int) -> dict:
 
 def cp_step(model: TinyLM, batch: dict, mesh, cp: int, layout: str) -> float:
     sharder = cpkit.prepare_packed_cp_inputs(batch, 1, mesh=mesh, layout=layout)
-    shard = sharder.local(0)
-    shard["first_key"] = sharder.rank * shard["labels"].shape[1]  # own tokens in the gather
+    shard = {**sharder.local(0), "attention_plan": sharder.attention_plan(0)}
     logits = model(shard["input_ids"].flatten(), shard, mesh)
     loss = cpkit.shifted_cp_loss(logits, shard["labels"], shard["valid"], mesh,
                                  layout=shard["layout"])
@@ -126,7 +130,7 @@ def cp_step(model: TinyLM, batch: dict, mesh, cp: int, layout: str) -> float:
 
 def single_process_step(model: TinyLM, batch: dict) -> float:
     """The same model on the unsharded row, plain PyTorch loss (HF-shifted, mean)."""
-    whole = {**cpkit.prepare_packed_cp_inputs(batch, 1).local(0), "first_key": 0}
+    whole = cpkit.prepare_packed_cp_inputs(batch, 1).local(0)
     logits = model(whole["input_ids"].flatten(), whole, None)[0]
     labels = torch.where(whole["valid"], whole["labels"].flatten(), -100)
     loss = F.cross_entropy(logits[:-1], labels[1:], ignore_index=-100)
