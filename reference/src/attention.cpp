@@ -50,21 +50,6 @@ DoubleMatrix probabilities(const FloatMatrix& q, const FloatMatrix& k, const Tok
   return p;
 }
 
-TokenMeta concatenate_meta(const std::vector<RankAttention>& ranks) {
-  Eigen::Index total = 0;
-  for (const auto& r : ranks) total += r.meta.position.size();
-  TokenMeta all{IntVector(total), IntVector(total), BoolVector(total)};
-  Eigen::Index at = 0;
-  for (const auto& r : ranks) {
-    const auto n = r.meta.position.size();
-    all.position.segment(at, n) = r.meta.position;
-    all.document.segment(at, n) = r.meta.document;
-    all.padding.segment(at, n) = r.meta.padding;
-    at += n;
-  }
-  return all;
-}
-
 // Keys, values and their metadata as every rank sees them after the gather.
 struct GatheredKeys {
   FloatMatrix k, v;
@@ -73,14 +58,31 @@ struct GatheredKeys {
 
 GatheredKeys gather_keys(const std::vector<RankAttention>& ranks) {
   std::vector<FloatMatrix> ks, vs;
+  std::vector<TokenMeta> metas;
   for (const auto& r : ranks) {
     ks.push_back(r.k);
     vs.push_back(r.v);
+    metas.push_back(r.meta);
   }
-  return {gather_tokens(ks), gather_tokens(vs), concatenate_meta(ranks)};
+  return {gather_tokens(ks), gather_tokens(vs), concatenate_meta(metas)};
 }
 
 }  // namespace
+
+TokenMeta concatenate_meta(const std::vector<TokenMeta>& metas) {
+  Eigen::Index total = 0;
+  for (const TokenMeta& m : metas) total += m.position.size();
+  TokenMeta all{IntVector(total), IntVector(total), BoolVector(total)};
+  Eigen::Index at = 0;
+  for (const TokenMeta& m : metas) {
+    const auto n = m.position.size();
+    all.position.segment(at, n) = m.position;
+    all.document.segment(at, n) = m.document;
+    all.padding.segment(at, n) = m.padding;
+    at += n;
+  }
+  return all;
+}
 
 bool attention_allowed(const TokenMeta& queries, Eigen::Index q, const TokenMeta& keys,
                        Eigen::Index k) {

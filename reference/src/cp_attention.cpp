@@ -49,18 +49,9 @@ FloatMatrix row_of(const std::vector<RankHeads>& ranks, std::vector<FloatMatrix>
 }
 
 TokenMeta row_meta(const std::vector<RankHeads>& ranks) {
-  Eigen::Index total = 0;
-  for (const RankHeads& r : ranks) total += r.meta.position.size();
-  TokenMeta all{IntVector(total), IntVector(total), BoolVector(total)};
-  Eigen::Index at = 0;
-  for (const RankHeads& r : ranks) {
-    const Eigen::Index n = r.meta.position.size();
-    all.position.segment(at, n) = r.meta.position;
-    all.document.segment(at, n) = r.meta.document;
-    all.padding.segment(at, n) = r.meta.padding;
-    at += n;
-  }
-  return all;
+  std::vector<TokenMeta> metas;
+  for (const RankHeads& r : ranks) metas.push_back(r.meta);
+  return concatenate_meta(metas);
 }
 
 // One query head's softmax over the row's keys: s the scaled scores before the cap, p the

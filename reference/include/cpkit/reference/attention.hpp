@@ -14,6 +14,9 @@ struct TokenMeta {
   BoolVector padding;
 };
 
+// The ranks' metadata in rank order (what a gather of it gives every rank).
+TokenMeta concatenate_meta(const std::vector<TokenMeta>& metas);
+
 // SPEC 3: q may attend to k iff doc(q) > 0, doc(q) == doc(k), pos(k) <= pos(q), k not padding.
 bool attention_allowed(const TokenMeta& queries, Eigen::Index q, const TokenMeta& keys,
                        Eigen::Index k);
