@@ -57,29 +57,44 @@ bool seen_by(const std::vector<std::int64_t>& sorted, std::int64_t p, std::int64
   return first != sorted.end() && (window == 0 || *first - p < window);
 }
 
-// A key index (attention_plan.hpp) over the local slots, the received ones, or both: every
-// non-padding key of a document > 0 grouped by (row, document) and sorted by position, and
-// each local query's range in it.
-KeyIndex index_keys(const AttentionPlan& plan, const std::vector<std::vector<RowMeta>>& meta,
-                    bool own, bool remote) {
+using Group = std::vector<std::pair<std::int64_t, std::int64_t>>;       // (position, slot)
+using Groups = std::map<std::pair<std::int64_t, std::int64_t>, Group>;  // by (row, document)
+
+// Every non-padding key slot of a document > 0 (local, then received) grouped by (row,
+// document), each group sorted by position: built once, filtered per key index.
+Groups group_keys(const AttentionPlan& plan, const std::vector<std::vector<RowMeta>>& meta) {
   const std::int64_t L = plan.local_len;
-  using Group = std::vector<std::pair<std::int64_t, std::int64_t>>;  // (position, slot)
-  std::map<std::pair<std::int64_t, std::int64_t>, Group> groups;     // by (row, document)
+  Groups groups;
   auto add = [&](int owner, std::int64_t local, std::int64_t slot) {
     const RowMeta& m = meta[static_cast<std::size_t>(owner)][static_cast<std::size_t>(local / L)];
     const auto j = static_cast<std::size_t>(local % L);
     if (!m.padding[j] && m.document[j] > 0)
       groups[{local / L, m.document[j]}].emplace_back(m.position[j], slot);
   };
-  if (own)
-    for (std::int64_t i = 0; i < plan.rows * L; ++i) add(plan.rank, i, i);
+  for (std::int64_t i = 0; i < plan.rows * L; ++i) add(plan.rank, i, i);
   std::int64_t slot = plan.rows * L;
-  for (int o = 0; remote && o < plan.cp_size; ++o)
+  for (int o = 0; o < plan.cp_size; ++o)
     for (const std::int64_t local : plan.recv[static_cast<std::size_t>(o)]) add(o, local, slot++);
+  for (auto& [key, keys] : groups) std::sort(keys.begin(), keys.end());
+  return groups;
+}
+
+// A key index (attention_plan.hpp) over the local slots, the received ones, or both: the
+// grouped keys kept by the filter, and each local query's range in them.
+KeyIndex index_keys(const AttentionPlan& plan, const std::vector<RowMeta>& queries,
+                    const Groups& every, bool own, bool remote) {
+  const std::int64_t L = plan.local_len;
+  const auto keep = [&](std::int64_t slot) { return slot < plan.rows * L ? own : remote; };
+  Groups groups;
+  for (const auto& [key, keys] : every) {
+    Group kept;
+    for (const auto& entry : keys)
+      if (keep(entry.second)) kept.push_back(entry);
+    if (!kept.empty()) groups.emplace(key, std::move(kept));
+  }
   KeyIndex index;
   std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> group_start;
-  for (auto& [key, keys] : groups) {
-    std::sort(keys.begin(), keys.end());
+  for (const auto& [key, keys] : groups) {
     group_start[key] = static_cast<std::int64_t>(index.slots.size());
     for (const auto& entry : keys) index.slots.push_back(entry.second);
   }
@@ -88,7 +103,7 @@ KeyIndex index_keys(const AttentionPlan& plan, const std::vector<std::vector<Row
   constexpr std::int64_t kLowest = std::numeric_limits<std::int64_t>::min();
   constexpr std::int64_t kHighest = std::numeric_limits<std::int64_t>::max();
   for (std::int64_t i = 0; i < plan.rows * L; ++i) {
-    const RowMeta& m = meta[static_cast<std::size_t>(plan.rank)][static_cast<std::size_t>(i / L)];
+    const RowMeta& m = queries[static_cast<std::size_t>(i / L)];
     const auto j = static_cast<std::size_t>(i % L);
     const auto found = groups.find({i / L, m.document[j]});
     if (m.document[j] <= 0 || found == groups.end()) continue;
@@ -128,20 +143,26 @@ AttentionPlan attention_plan(const Sharder& sharder, int microbatch, int rank, s
   plan.window = window;
   plan.send.resize(static_cast<std::size_t>(cp));
   plan.recv.resize(static_cast<std::size_t>(cp));
+  // Every rank's sorted query positions by document, per row: once each.
+  std::vector<std::vector<std::map<std::int64_t, std::vector<std::int64_t>>>> queries(
+      static_cast<std::size_t>(cp));
+  for (int q = 0; q < cp; ++q)
+    for (const RowMeta& m : meta[static_cast<std::size_t>(q)])
+      queries[static_cast<std::size_t>(q)].push_back(queries_by_document(m));
   // needed(receiver, owner) for the pairs this rank takes part in.
   auto needed = [&](int receiver, int owner, std::vector<std::int64_t>& out) {
     for (std::int64_t b = 0; b < plan.rows; ++b) {
       const RowMeta& keys = meta[static_cast<std::size_t>(owner)][static_cast<std::size_t>(b)];
-      const auto queries = queries_by_document(
-          meta[static_cast<std::size_t>(receiver)][static_cast<std::size_t>(b)]);
+      const auto& by_document =
+          queries[static_cast<std::size_t>(receiver)][static_cast<std::size_t>(b)];
       for (std::size_t j = 0; j < keys.document.size(); ++j) {
         if (keys_moved == KeyExchange::kAll) {
           out.push_back(b * plan.local_len + static_cast<std::int64_t>(j));
           continue;
         }
         if (keys.padding[j]) continue;  // padding keys are never seen
-        const auto found = queries.find(keys.document[j]);
-        if (found != queries.end() && seen_by(found->second, keys.position[j], window))
+        const auto found = by_document.find(keys.document[j]);
+        if (found != by_document.end() && seen_by(found->second, keys.position[j], window))
           out.push_back(b * plan.local_len + static_cast<std::int64_t>(j));
       }
     }
@@ -151,9 +172,11 @@ AttentionPlan attention_plan(const Sharder& sharder, int microbatch, int rank, s
     needed(o, rank, plan.send[static_cast<std::size_t>(o)]);
     needed(rank, o, plan.recv[static_cast<std::size_t>(o)]);
   }
-  plan.all_keys = index_keys(plan, meta, true, true);
-  plan.own_keys = index_keys(plan, meta, true, false);
-  plan.remote_keys = index_keys(plan, meta, false, true);
+  const Groups every = group_keys(plan, meta);
+  const std::vector<RowMeta>& mine = meta[static_cast<std::size_t>(rank)];
+  plan.all_keys = index_keys(plan, mine, every, true, true);
+  plan.own_keys = index_keys(plan, mine, every, true, false);
+  plan.remote_keys = index_keys(plan, mine, every, false, true);
   return plan;
 }
 
