@@ -9,8 +9,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cmath>
-#include <random>
 #include <vector>
 
 #include "cpkit/optimized/attention_plan.hpp"
@@ -25,10 +23,7 @@ constexpr int64_t kTokens = 16384;
 
 std::vector<std::vector<int64_t>> rows_of(int64_t which) {
   if (which == 1) return {{kTokens}};
-  std::mt19937_64 rng(1234);
-  std::vector<std::vector<int64_t>> rows;
-  for (int r = 0; r < 20; ++r) rows.push_back(cpkit::bench::lognormal_documents(kTokens, rng));
-  return rows;
+  return cpkit::bench::lognormal_rows(20, kTokens, 1234);
 }
 
 cpkit::Sharder shard(const std::vector<int64_t>& docs, int cp, LayoutKind kind) {

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <random>
 
 #include "cpkit/optimized/attention_plan.hpp"
 #include "cpkit/optimized/sharder.hpp"
@@ -58,9 +57,8 @@ double rank_seconds(const cpkit::AttentionPlan& plan) {
 void BM_CpAttentionRankAlone(benchmark::State& state) {
   const int cp = static_cast<int>(state.range(0));
   const auto kind = static_cast<cpkit::LayoutKind>(state.range(1));
-  std::mt19937_64 rng(1234);
   const cpkit::Sharder s = cpkit::prepare_packed_cp_inputs_for(
-      cpkit::bench::packed_row(cpkit::bench::lognormal_documents(16384, rng)), cp, 1, true,
+      cpkit::bench::packed_row(cpkit::bench::lognormal_rows(1, 16384, 1234).front()), cp, 1, true,
       {.layout = kind});
   std::vector<cpkit::AttentionPlan> plans;
   for (int r = 0; r < cp; ++r) plans.push_back(cpkit::attention_plan(s, 0, r));

@@ -14,17 +14,25 @@
 
 namespace cpkit::bench {
 
-// Document lengths filling `tokens`: lognormal around a median of 1000 (sigma 1.2).
-inline std::vector<int64_t> lognormal_documents(int64_t tokens, std::mt19937_64& rng) {
+// `rows` rows of document lengths, each filling `tokens`: lognormal around a median of 1000
+// (sigma 1.2), one distribution over all rows (its cached normal draw carries across rows, so
+// the rows depend on the seed and `rows` alone).
+inline std::vector<std::vector<int64_t>> lognormal_rows(int64_t rows, int64_t tokens,
+                                                        std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
   std::lognormal_distribution<double> length(std::log(1000.0), 1.2);
-  std::vector<int64_t> docs;
-  for (int64_t used = 0; used < tokens;) {
-    const int64_t n =
-        std::min<int64_t>(std::max<int64_t>(1, static_cast<int64_t>(length(rng))), tokens - used);
-    docs.push_back(n);
-    used += n;
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int64_t> docs;
+    for (int64_t used = 0; used < tokens;) {
+      const int64_t n =
+          std::min<int64_t>(std::max<int64_t>(1, static_cast<int64_t>(length(rng))), tokens - used);
+      docs.push_back(n);
+      used += n;
+    }
+    out.push_back(docs);
   }
-  return docs;
+  return out;
 }
 
 // One packed (THD) row of these documents, no slot padding.
