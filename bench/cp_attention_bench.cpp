@@ -4,7 +4,8 @@
 // time; at CP 4 the ranks share this machine's 2 cores), bytes received per step per rank
 // (forward keys and values, backward key gradients; the busiest rank and the mean), and how
 // much of the forward's transfer the first stage hid: the longest wait after stage 1 against
-// the longest time the same exchange takes alone. Args: case (0: a packed row of 8192 tokens,
+// the longest time the same exchange takes alone (the backward's, returning as many bytes,
+// is reported as its wait after its own keys' stage). Args: case (0: a packed row of 8192 tokens,
 // lognormal documents of median ~1000; 1: one document of 2048 tokens), CP, layout (0 contiguous,
 // 2 balanced), window, keys (1 needed, 0 all). Heads: 4 query, 2 key, D 32, float32.
 #include <ATen/ATen.h>
@@ -35,7 +36,8 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Payload: "case layout window keys iterations"; reply: "seconds bytes exposed transfer".
+// Payload: "case layout window keys iterations"; reply: "seconds bytes exposed transfer
+// backward_exposed".
 const cpkit::pool::TaskRegistrar bench_attention(
     "bench_cp_attention", [](const std::string& payload, const cpkit::MeshPtr& mesh, int rank) {
       std::istringstream in(payload);
@@ -83,7 +85,8 @@ const cpkit::pool::TaskRegistrar bench_attention(
       const double transfer = seconds_since(xfer) / static_cast<double>(iterations);
       std::ostringstream reply;
       reply << seconds << " " << static_cast<double>(st.bytes_received) / iterations << " "
-            << st.forward_exposed_seconds / iterations << " " << transfer;
+            << st.forward_exposed_seconds / iterations << " " << transfer << " "
+            << st.backward_exposed_seconds / iterations;
       return reply.str();
     });
 
@@ -92,24 +95,25 @@ void BM_CpAttention(benchmark::State& state) {
   std::ostringstream payload;
   payload << state.range(0) << " " << state.range(2) << " " << state.range(3) << " "
           << state.range(4) << " 2";
-  double busiest = 0, mean = 0, exposed = 0, transfer = 0;
+  double busiest = 0, mean = 0, exposed = 0, transfer = 0, back_exposed = 0;
   for (auto _ : state) {
     const auto replies =
         cpkit::pool::RankPool::instance().run(world, "bench_cp_attention", payload.str());
     double slowest = 0;
-    busiest = mean = exposed = transfer = 0;
+    busiest = mean = exposed = transfer = back_exposed = 0;
     for (const auto& r : replies) {
       if (!r.ok) {
         state.SkipWithError(r.bytes.c_str());
         return;
       }
-      double seconds = 0, bytes = 0, wait = 0, alone = 0;
-      std::istringstream(r.bytes) >> seconds >> bytes >> wait >> alone;
+      double seconds = 0, bytes = 0, wait = 0, alone = 0, back_wait = 0;
+      std::istringstream(r.bytes) >> seconds >> bytes >> wait >> alone >> back_wait;
       slowest = std::max(slowest, seconds);
       busiest = std::max(busiest, bytes);
       mean += bytes / world;
       exposed = std::max(exposed, wait);
       transfer = std::max(transfer, alone);
+      back_exposed = std::max(back_exposed, back_wait);
     }
     state.SetIterationTime(slowest);
   }
@@ -117,6 +121,7 @@ void BM_CpAttention(benchmark::State& state) {
   state.counters["bytes_mean"] = mean;
   state.counters["fwd_exposed_ms"] = exposed * 1e3;
   state.counters["fwd_transfer_alone_ms"] = transfer * 1e3;
+  state.counters["bwd_exposed_ms"] = back_exposed * 1e3;
   state.SetLabel(state.range(4) ? "needed keys" : "all keys");
 }
 

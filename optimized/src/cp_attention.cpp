@@ -1,6 +1,7 @@
 // cp_attention: checks and the ranks' agreement, the needed keys out and in (one
-// all_to_all_v of keys and values together), the kernel over own and received key slots;
-// the backward returns the received keys' gradients to their owners the same way.
+// all_to_all_v of keys and values together) under the own keys' stage, then the received
+// keys' stage, merged by log-sum-exp; the backward computes the received keys' gradients
+// first and returns them to their owners under the own keys' stage.
 #include "cpkit/optimized/cp_attention.hpp"
 
 #include <ATen/ATen.h>
@@ -11,10 +12,12 @@
 #include <cmath>
 #include <functional>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "agreement.hpp"
 #include "cpkit/optimized/error.hpp"
+#include "cuda_glue.hpp"
 #include "fault_injection.hpp"
 #include "kernels/attention_launch.hpp"
 #include "mesh_capsule.hpp"
@@ -40,9 +43,12 @@ Shape check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
       raise(name, "must share q's dtype and device (", q.scalar_type(), ", ", q.device(), "), got ",
             t->scalar_type(), ", ", t->device());
   }
-  if (!q.device().is_cpu())
-    raise("q", "is on ", q.device(), ": cp_attention runs on CPU tensors for now");
+  if (!q.device().is_cpu() && !q.device().is_cuda())
+    raise("q", "is on ", q.device(), ": cp_attention runs on CPU and CUDA tensors");
   const Shape s{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+  if (q.device().is_cuda() && s.d > kernels::kMaxCudaHeadDim)
+    raise("q", "has head size D = ", s.d,
+          ": cp_attention's CUDA kernel takes D <= ", kernels::kMaxCudaHeadDim);
   if (k.sizes() != v.sizes())
     raise("v", "has shape ", detail::shape_of(v), " but k has ", detail::shape_of(k));
   if (k.size(0) != s.rows || k.size(1) != s.len || k.size(3) != s.d)
@@ -90,8 +96,14 @@ void check_ranks_agree(const Shape& s, const at::Tensor& q, const AttentionPlan&
       {"scale", "the scale (bits)", std::bit_cast<int64_t>(options.scale)},
       {"sinks", "sinks", options.sinks.defined() ? 1 : 0},
   };
-  const at::Tensor table = detail::exchange_agreed(at::tensor(counts, at::kLong), fields, *mesh,
-                                                   true, "every CP rank must attend with one plan");
+  // On a GPU a new plan or shape is read once (then each layer reuses the plan unread).
+  std::vector<int64_t> key = counts;
+  for (const detail::Agreed& field : fields) key.push_back(field.value);
+  const bool read = detail::agreement_needs_reading(q, mesh, std::move(key));
+  const at::Tensor table = detail::exchange_agreed(
+      detail::upload(at::tensor(counts, at::kLong), q.device(), "cp_attention's key counts"),
+      fields, *mesh, read, "every CP rank must attend with one plan");
+  if (!read) return;
   const at::Tensor host = table.cpu();
   const int64_t* t = host.const_data_ptr<int64_t>();
   const int64_t width = host.size(1), me = plan.rank;
@@ -103,11 +115,12 @@ void check_ranks_agree(const Shape& s, const at::Tensor& q, const AttentionPlan&
             "sharder and microbatch, with one window)");
 }
 
-// The send lists as one index tensor, and the element counts of a [n, 2, Hkv, D] exchange.
-at::Tensor send_index(const AttentionPlan& plan) {
+// The send lists as one index tensor on `device`, and the element counts of a
+// [n, 2, Hkv, D] exchange.
+at::Tensor send_index(const AttentionPlan& plan, const at::Device& device) {
   std::vector<int64_t> all;
   for (const auto& list : plan.send) all.insert(all.end(), list.begin(), list.end());
-  return at::tensor(all, at::kLong);
+  return detail::upload(at::tensor(all, at::kLong), device, "cp_attention's send lists");
 }
 
 std::vector<std::size_t> element_counts(const std::vector<std::vector<int64_t>>& lists,
@@ -117,19 +130,38 @@ std::vector<std::size_t> element_counts(const std::vector<std::vector<int64_t>>&
   return out;
 }
 
+// A KeyIndex where the kernel reads it: the plan's vectors on the CPU, an upload on a GPU
+// (freed once the kernels reading it are enqueued: the allocator orders any reuse after them).
+struct KernelIndex {
+  const int64_t *slots, *begin, *end;
+  std::vector<at::Tensor> uploads;
+};
+
+KernelIndex kernel_index(const KeyIndex& index, const at::Device& device) {
+  if (device.is_cpu()) return {index.slots.data(), index.begin.data(), index.end.data(), {}};
+  KernelIndex k{};
+  for (const std::vector<int64_t>* part : {&index.slots, &index.begin, &index.end})
+    k.uploads.push_back(
+        detail::upload(at::tensor(*part, at::kLong), device, "cp_attention's key index"));
+  k.slots = k.uploads[0].const_data_ptr<int64_t>();
+  k.begin = k.uploads[1].const_data_ptr<int64_t>();
+  k.end = k.uploads[2].const_data_ptr<int64_t>();
+  return k;
+}
+
 // The kernel's arguments over `index`, reading key slots from `keys` / `values` starting at
 // slot `first_slot`; sinks only where `with_sinks` (the first stage holds them).
 kernels::AttentionArgs kernel_args(const Shape& s, const at::Tensor& q, const at::Tensor& keys,
-                                   const at::Tensor& values, const KeyIndex& index,
+                                   const at::Tensor& values, const KernelIndex& index,
                                    int64_t first_slot, const CpAttentionOptions& options,
                                    bool with_sinks) {
   kernels::AttentionArgs a{};
   a.q = q.const_data_ptr<float>();
   a.k = keys.const_data_ptr<float>();
   a.v = values.const_data_ptr<float>();
-  a.key_slots = index.slots.data();
-  a.key_begin = index.begin.data();
-  a.key_end = index.end.data();
+  a.key_slots = index.slots;
+  a.key_begin = index.begin;
+  a.key_end = index.end;
   a.slot_offset = first_slot;
   a.sinks = with_sinks && options.sinks.defined() ? options.sinks.const_data_ptr<float>() : nullptr;
   a.queries = s.rows * s.len;
@@ -143,6 +175,17 @@ kernels::AttentionArgs kernel_args(const Shape& s, const at::Tensor& q, const at
   return a;
 }
 
+// The kernels on `on`'s device.
+void forward_kernel(const kernels::AttentionArgs& a, const at::Tensor& on) {
+  if (on.is_cpu()) return kernels::attention_forward_cpu(a);
+  detail::launch_on(on, [&](void* stream) { kernels::attention_forward_cuda(a, stream); });
+}
+
+void backward_kernel(const kernels::AttentionArgs& a, const at::Tensor& on) {
+  if (on.is_cpu()) return kernels::attention_backward_cpu(a);
+  detail::launch_on(on, [&](void* stream) { kernels::attention_backward_cuda(a, stream); });
+}
+
 // One stage of the forward: out [rows, L, Hq, D] and lse [rows, L, Hq] over `index`'s keys.
 std::pair<at::Tensor, at::Tensor> attend(const Shape& s, const at::Tensor& q32,
                                          const at::Tensor& keys, const at::Tensor& values,
@@ -150,11 +193,12 @@ std::pair<at::Tensor, at::Tensor> attend(const Shape& s, const at::Tensor& q32,
                                          const CpAttentionOptions& options, bool with_sinks) {
   at::Tensor out = at::empty({s.rows, s.len, s.hq, s.d}, q32.options());
   at::Tensor lse = at::empty({s.rows, s.len, s.hq}, q32.options());
+  const KernelIndex on_device = kernel_index(index, q32.device());
   kernels::AttentionArgs a =
-      kernel_args(s, q32, keys, values, index, first_slot, options, with_sinks);
+      kernel_args(s, q32, keys, values, on_device, first_slot, options, with_sinks);
   a.out = out.data_ptr<float>();
   a.lse = lse.data_ptr<float>();
-  kernels::attention_forward_cpu(a);
+  forward_kernel(a, q32);
   return {out, lse};
 }
 
@@ -206,7 +250,7 @@ CpAttentionForward cp_attention_forward(const at::Tensor& q, const at::Tensor& k
   at::Tensor outgoing;
   std::function<void()> arrived = [] {};
   if (cp_size(mesh) > 1) {
-    const at::Tensor index = send_index(plan);
+    const at::Tensor index = send_index(plan, k.device());
     outgoing = at::stack({k.reshape({-1, s.hkv, s.d}).index_select(0, index),
                           v.reshape({-1, s.hkv, s.d}).index_select(0, index)},
                          1)
@@ -250,42 +294,59 @@ CpAttentionGrads cp_attention_backward(const at::Tensor& q, const at::Tensor& k,
   detail::require_defined(grad_out, "grad_out");
   if (grad_out.sizes() != q.sizes())
     raise("grad_out", "has shape ", detail::shape_of(grad_out), " but q is ", detail::shape_of(q));
-  const at::Tensor keys = at::cat({as_slots(s, k), as_slots(s, forward.received.select(1, 0))});
-  const at::Tensor values = at::cat({as_slots(s, v), as_slots(s, forward.received.select(1, 1))});
   const at::Tensor q32 = q.to(at::kFloat).contiguous();
   const at::Tensor out = forward.values.out.to(at::kFloat).contiguous();
   const at::Tensor lse = forward.values.lse.permute({0, 2, 1}).contiguous();
   const at::Tensor d_out = grad_out.to(at::kFloat).contiguous();
-  at::Tensor dq = at::empty_like(q32), dk = at::empty_like(keys), dv = at::empty_like(values);
-  at::Tensor dsinks = options.sinks.defined() ? at::zeros({s.hq}, q32.options()) : at::Tensor();
-  kernels::AttentionArgs a = kernel_args(s, q32, keys, values, plan.all_keys, 0, options, true);
-  a.out = const_cast<float*>(out.const_data_ptr<float>());
-  a.lse = const_cast<float*>(lse.const_data_ptr<float>());
-  a.d_out = d_out.const_data_ptr<float>();
-  a.dq = dq.data_ptr<float>();
-  a.dk = dk.data_ptr<float>();
-  a.dv = dv.data_ptr<float>();
-  a.dsinks = dsinks.defined() ? dsinks.data_ptr<float>() : nullptr;
-  kernels::attention_backward_cpu(a);
+  // One stage of the backward: the gradients over `index`'s keys. Each probability comes
+  // from the merged lse and delta from the merged out, so the key sets split exactly.
+  auto gradients = [&](const at::Tensor& keys, const at::Tensor& values, const KeyIndex& index,
+                       int64_t first_slot, bool with_sinks) {
+    at::Tensor dq = at::empty_like(q32), dk = at::empty_like(keys), dv = at::empty_like(values);
+    at::Tensor dsinks =
+        with_sinks && options.sinks.defined() ? at::zeros({s.hq}, q32.options()) : at::Tensor();
+    const KernelIndex on_device = kernel_index(index, q32.device());
+    kernels::AttentionArgs a =
+        kernel_args(s, q32, keys, values, on_device, first_slot, options, with_sinks);
+    a.out = const_cast<float*>(out.const_data_ptr<float>());
+    a.lse = const_cast<float*>(lse.const_data_ptr<float>());
+    a.d_out = d_out.const_data_ptr<float>();
+    a.dq = dq.data_ptr<float>();
+    a.dk = dk.data_ptr<float>();
+    a.dv = dv.data_ptr<float>();
+    a.dsinks = dsinks.defined() ? dsinks.data_ptr<float>() : nullptr;
+    backward_kernel(a, q32);
+    return std::tuple{dq, dk, dv, dsinks};
+  };
   const int64_t own = s.rows * s.len, per_key = 2 * s.hkv * s.d;
-  at::Tensor dk_own = dk.narrow(0, 0, own).clone(), dv_own = dv.narrow(0, 0, own).clone();
+  // Stage 1: the received keys' gradients, sent back to their owners under stage 2.
+  at::Tensor dq_remote, outgoing, returned, index;
+  std::function<void()> returned_arrived = [] {};
   if (cp_size(mesh) > 1) {
-    // The received keys' gradients go back to their owners, who add them to their own.
-    const at::Tensor outgoing =
-        at::stack({dk.narrow(0, own, dk.size(0) - own), dv.narrow(0, own, dv.size(0) - own)}, 1)
-            .to(k.scalar_type())
-            .contiguous();
-    const at::Tensor index = send_index(plan);
-    at::Tensor returned = at::empty({index.size(0), 2, s.hkv, s.d}, k.options());
-    const auto exchanging = Clock::now();
-    mesh->all_to_all_v(outgoing.data_ptr(), element_counts(plan.recv, per_key), returned.data_ptr(),
-                       element_counts(plan.send, per_key), detail::scalar_kind(k, "k"));
-    const double spent = seconds_since(exchanging);
+    auto [dq_r, dk_r, dv_r, unused] =
+        gradients(as_slots(s, forward.received.select(1, 0)),
+                  as_slots(s, forward.received.select(1, 1)), plan.remote_keys, own, false);
+    dq_remote = dq_r;
+    outgoing = at::stack({dk_r, dv_r}, 1).to(k.scalar_type()).contiguous();
+    index = send_index(plan, k.device());
+    returned = at::empty({index.size(0), 2, s.hkv, s.d}, k.options());
+    returned_arrived = mesh->start_all_to_all_v(
+        outgoing.data_ptr(), element_counts(plan.recv, per_key), returned.data_ptr(),
+        element_counts(plan.send, per_key), detail::scalar_kind(k, "k"));
+  }
+  // Stage 2: own keys (and the sinks).
+  auto [dq, dk_own, dv_own, dsinks] =
+      gradients(as_slots(s, k), as_slots(s, v), plan.own_keys, 0, true);
+  if (cp_size(mesh) > 1) {
+    const auto waiting = Clock::now();
+    returned_arrived();
+    const double exposed = seconds_since(waiting);
     record([&](CpAttentionStats& st) {
       st.bytes_received += returned.nbytes();
       st.bytes_sent += outgoing.nbytes();
-      st.backward_exchange_seconds += spent;
+      st.backward_exposed_seconds += exposed;
     });
+    dq.add_(dq_remote);
     if (!detail::fault("attention_grads_not_returned")) {  // the owner's keys' other users
       dk_own.index_add_(0, index, returned.select(1, 0).to(at::kFloat));
       dv_own.index_add_(0, index, returned.select(1, 1).to(at::kFloat));

@@ -168,7 +168,7 @@ class CpAttention(NamedTuple):
 def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: list,
                  mesh: Mesh = None, scale: float = 0.0, softcap: float = 0.0,
                  sinks: Optional[torch.Tensor] = None) -> CpAttention:
-    """cpkit's own context-parallel attention (docs/spec.md section 4b), CPU for now.
+    """cpkit's own context-parallel attention (docs/spec.md section 4b), CPU and CUDA.
 
     ``q [rows, L, Hq, D]``, ``k``, ``v [rows, L, Hkv, D]`` (the shard's tokens in local
     order; GQA without repeating heads), ``plan`` = ``Sharder.attention_plan(m, window)``.

@@ -165,7 +165,7 @@ TORCH_LIBRARY_IMPL(cpkit, CPU, m) {
   m.impl("cp_attention_backward", &cp_attention_backward_op);
 }
 
-TORCH_LIBRARY_IMPL(cpkit, CUDA, m) {  // the library raises for CUDA tensors (CPU only so far)
+TORCH_LIBRARY_IMPL(cpkit, CUDA, m) {  // the library picks the CUDA kernels itself
   m.impl("cp_attention", &cp_attention_op);
   m.impl("cp_attention_backward", &cp_attention_backward_op);
 }

@@ -1,12 +1,14 @@
 // CP = 2 and 4 on one GPU: rank processes share GPU 0, their collectives staged over Gloo
 // (staged_mesh.hpp). Every rank runs the same step on CPU tensors over the Gloo mesh and on
-// CUDA tensors over the staged mesh (CUDA sharding, gather, CUDA loss kernel, fused head)
-// and requires the two to agree. The parent never touches CUDA (forked children could not).
+// CUDA tensors over the staged mesh (CUDA sharding, gather, CUDA loss kernel, fused head,
+// cp_attention) and requires the two to agree. The parent never touches CUDA (forked children could
+// not).
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "cpkit/optimized/cp_attention.hpp"
 #include "cpkit/optimized/gather.hpp"
 #include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
@@ -87,6 +89,49 @@ TEST_P(CpOnOneGpu, CudaStepEqualsCpuStep) {
         ranks::require_close(gpu.head_loss, cpu.head_loss, 1e-4, 1e-4, "head loss");
         ranks::require_close(gpu.dhidden, cpu.dhidden, 1e-5, 1e-3, "d hidden");
         ranks::require_close(gpu.dweight, cpu.dweight, 1e-5, 1e-3, "d weight");
+      },
+      std::chrono::seconds(120));
+  for (const auto& o : outcomes) EXPECT_TRUE(o.ok) << "rank " << o.rank << ": " << o.message;
+}
+
+// cp_attention on a balanced packed row (documents cut across ranks, a rank holding two
+// pieces of one): the needed keys out and their gradients back through the staged mesh.
+struct AttentionStep {
+  at::Tensor out, dq, dk, dv;
+};
+
+AttentionStep attention_step(at::Device device, const MeshPtr& mesh, int rank) {
+  CPBatch b;
+  b.input_ids = at::ones({1, 512}, at::kLong);
+  b.labels = b.input_ids.clone();
+  b.seq_lens = at::tensor(std::vector<int64_t>{190, 7, 64, 230}).unsqueeze(0);
+  b.qkv_format = "thd";
+  const Sharder s = prepare_packed_cp_inputs(b, mesh, 1, true, {.layout = LayoutKind::kBalanced});
+  const auto plan = std::make_shared<const AttentionPlan>(attention_plan(s, 0, rank, 0));
+  at::manual_seed(40 + rank);
+  const int64_t L = plan->local_len;
+  const at::Tensor q = at::randn({1, L, 4, 48}).to(device).requires_grad_(true);
+  const at::Tensor k = at::randn({1, L, 2, 48}).to(device).requires_grad_(true);
+  const at::Tensor v = at::randn({1, L, 2, 48}).to(device).requires_grad_(true);
+  const at::Tensor g = at::randn({1, L, 4, 48}).to(device);
+  CpAttentionOptions options;
+  options.softcap = 30.0;
+  const CpAttentionOutput o = cp_attention(q, k, v, plan, mesh, options);
+  const auto grads = torch::autograd::grad({o.out}, {q, k, v}, {g});
+  return {o.out.detach().cpu(), grads[0].cpu(), grads[1].cpu(), grads[2].cpu()};
+}
+
+TEST_P(CpOnOneGpu, CudaCpAttentionEqualsCpu) {
+  const auto outcomes = ranks::run_ranks(
+      GetParam(),
+      [](int rank, const MeshPtr& gloo) {
+        const AttentionStep cpu = attention_step(at::kCPU, gloo, rank);
+        const AttentionStep gpu =
+            attention_step(kCuda, std::make_shared<testing::StagedMesh>(gloo), rank);
+        ranks::require_close(gpu.out, cpu.out, 1e-5, 1e-4, "attention out");
+        ranks::require_close(gpu.dq, cpu.dq, 1e-5, 1e-4, "attention dq");
+        ranks::require_close(gpu.dk, cpu.dk, 1e-5, 1e-4, "attention dk");
+        ranks::require_close(gpu.dv, cpu.dv, 1e-5, 1e-4, "attention dv");
       },
       std::chrono::seconds(120));
   for (const auto& o : outcomes) EXPECT_TRUE(o.ok) << "rank " << o.rank << ": " << o.message;

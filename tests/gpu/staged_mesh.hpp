@@ -46,6 +46,15 @@ class StagedMesh final : public Communicator {
     host_->shift_from_next(in.data(), out.data(), count, kind);
     to_device(recv, out);
   }
+  void all_to_all_v(const void* send, const std::vector<std::size_t>& send_counts, void* recv,
+                    const std::vector<std::size_t>& recv_counts, ScalarKind kind) override {
+    std::size_t out = 0, in = 0;
+    for (const std::size_t n : send_counts) out += n * scalar_bytes(kind);
+    for (const std::size_t n : recv_counts) in += n * scalar_bytes(kind);
+    std::vector<char> sending = to_host(send, out), receiving(in);
+    host_->all_to_all_v(sending.data(), send_counts, receiving.data(), recv_counts, kind);
+    to_device(recv, receiving);
+  }
 
  private:
   static void check(cudaError_t status, const char* what) {

@@ -128,6 +128,12 @@ TEST(CpAttention, BadInputsAreNamed) {
       },
       "softcap", {"-1"});
   test::expect_rejected<Error>([&] { attention_plan(s, 0, 0, -2); }, "window", {"-2"});
+  const at::Tensor meta_kv = at::empty({1, 20, 2, 3}, at::kMeta);
+  test::expect_rejected<Error>(
+      [&] {
+        cp_attention(at::empty({1, 20, 4, 3}, at::kMeta), meta_kv, meta_kv, plan, nullptr);
+      },
+      "q", {"meta", "CPU and CUDA"});
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/attention_launch.hpp"
+#include "kernels/attention_math.hpp"
 
 namespace cpkit::kernels {
 
@@ -20,16 +21,8 @@ float dot(const float* a, const float* b, std::int64_t d) {
   return s;
 }
 
-// The score and, for the backward, d score / d (scale q.k): the soft cap's chain rule.
-struct Score {
-  float value, slope;
-};
-
-Score score(const float* q, const float* k, const AttentionArgs& a) {
-  const float s = dot(q, k, a.d) * a.scale;
-  if (a.softcap <= 0.0f) return {s, 1.0f};
-  const float t = std::tanh(s / a.softcap);
-  return {a.softcap * t, 1.0f - t * t};
+AttentionScore score(const float* q, const float* k, const AttentionArgs& a) {
+  return attention_score(dot(q, k, a.d), a.scale, a.softcap);
 }
 
 }  // namespace
@@ -41,31 +34,26 @@ void attention_forward_cpu(const AttentionArgs& a) {
     for (std::int64_t t = begin; t < end; ++t) {
       const std::int64_t i = t / a.hq, h = t % a.hq, g = h / group;
       const float* qi = a.q + t * a.d;
-      float m = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
-      float l = a.sinks != nullptr ? 1.0f : 0.0f;  // exp(sink - m) while the sink is the max
+      OnlineRow row = a.sinks != nullptr ? OnlineRow{a.sinks[h], 1.0f} : OnlineRow{-INFINITY, 0.0f};
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (std::int64_t x = a.key_begin[i]; x < a.key_end[i]; ++x) {
         const std::int64_t slot = a.key_slots[x] - a.slot_offset;
-        const float s = score(qi, a.k + (slot * a.hkv + g) * a.d, a).value;
-        if (s > m) {
-          const float shrink = std::exp(m - s);  // 0 when m was -inf
-          l *= shrink;
+        float p = 0.0f;
+        const float shrink =
+            online_step(row, score(qi, a.k + (slot * a.hkv + g) * a.d, a).value, p);
+        if (shrink != 1.0f)
           for (float& v : acc) v *= shrink;
-          m = s;
-        }
-        const float p = std::exp(s - m);
-        l += p;
         const float* vj = a.v + (slot * a.hkv + g) * a.d;
         for (std::int64_t c = 0; c < a.d; ++c) acc[static_cast<std::size_t>(c)] += p * vj[c];
       }
       float* o = a.out + t * a.d;
-      if (l == 0.0f) {
+      if (row.sum == 0.0f) {
         std::fill(o, o + a.d, 0.0f);
         a.lse[t] = -INFINITY;
         continue;
       }
-      for (std::int64_t c = 0; c < a.d; ++c) o[c] = acc[static_cast<std::size_t>(c)] / l;
-      a.lse[t] = m + std::log(l);
+      for (std::int64_t c = 0; c < a.d; ++c) o[c] = acc[static_cast<std::size_t>(c)] / row.sum;
+      a.lse[t] = row.max + std::log(row.sum);
     }
   });
 }
@@ -90,7 +78,7 @@ void attention_backward_cpu(const AttentionArgs& a) {
           if (a.sinks != nullptr) dsink -= std::exp(a.sinks[h] - lse) * delta;
           for (std::int64_t x = a.key_begin[i]; x < a.key_end[i]; ++x) {
             const std::int64_t at = ((a.key_slots[x] - a.slot_offset) * a.hkv + g) * a.d;
-            const Score s = score(qi, a.k + at, a);
+            const AttentionScore s = score(qi, a.k + at, a);
             const float p = std::exp(s.value - lse);
             const float ds = p * (dot(doi, a.v + at, a.d) - delta) * s.slope * a.scale;
             for (std::int64_t c = 0; c < a.d; ++c) {

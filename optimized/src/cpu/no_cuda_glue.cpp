@@ -4,6 +4,7 @@
 #include "cpkit/optimized/error.hpp"
 #include "cuda_glue.hpp"
 #include "kernels/agreed_row.hpp"
+#include "kernels/attention_launch.hpp"
 #include "kernels/bshd_layout.hpp"
 #include "kernels/cross_entropy_launch.hpp"
 #include "kernels/packed_layout_launch.hpp"
@@ -32,6 +33,12 @@ void token_logprobs_backward_cuda(const TokenLogprobsArgs&, void*) {
 }
 void scale_by_upstream_cuda(float*, std::int64_t, const float*, void*) {
   no_cuda_kernels("scale_by_upstream_cuda");
+}
+void attention_forward_cuda(const AttentionArgs&, void*) {
+  no_cuda_kernels("attention_forward_cuda");
+}
+void attention_backward_cuda(const AttentionArgs&, void*) {
+  no_cuda_kernels("attention_backward_cuda");
 }
 void write_agreed_row_cuda(std::int64_t*, const AgreedRow&, void*) {
   no_cuda_kernels("write_agreed_row_cuda");

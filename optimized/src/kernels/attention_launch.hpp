@@ -30,9 +30,18 @@ struct AttentionArgs {
   float* dsinks;       // [hq], written when sinks is given
 };
 
+// The CUDA kernels keep a query's head in registers, D / 32 values per lane.
+constexpr std::int64_t kMaxCudaHeadDim = 256;
+
 // Writes out and lse.
 void attention_forward_cpu(const AttentionArgs& args);
 // Reads q, k, v, out, lse, d_out; writes dq, dk, dv (and dsinks).
 void attention_backward_cpu(const AttentionArgs& args);
+
+// The same on device pointers (d <= kMaxCudaHeadDim), enqueued on `stream` (a cudaStream_t).
+// CUDA builds only. The backward's dk, dv and dsinks are sums of atomic adds: not bitwise
+// deterministic from run to run.
+void attention_forward_cuda(const AttentionArgs& args, void* stream);
+void attention_backward_cuda(const AttentionArgs& args, void* stream);
 
 }  // namespace cpkit::kernels

@@ -66,10 +66,10 @@ def apply(model, mesh: Mesh, *, loss: str = "fused", attention: str = "auto",
 
     ``loss``: "fused" (``shifted_cp_linear_loss``, ``chunk_rows`` as there) or "logits".
     ``attention``: "cpkit" (cpkit.cp_attention: only the keys each rank needs move;
-    sliding windows, sinks and soft-capped attention logits; CPU for now), "sdpa" (all keys
+    sliding windows, sinks and soft-capped attention logits; CPU and CUDA), "sdpa" (all keys
     gathered, a dense boolean mask, any device), "varlen" (all keys gathered, torch's varlen
     kernel from the shard's offsets: CUDA, half precision, packed documents) or "auto"
-    (varlen where it can run, cpkit on the CPU, else sdpa). Soft-capped final logits
+    (varlen where it can run, else cpkit: the dense mask is never picked for you). Soft-capped final logits
     (``final_logit_softcapping``) pass to the loss; sliding-window layers are masked exactly.
     """
     _check_model(model)
@@ -93,9 +93,7 @@ def _backend(settings, shard: dict, hidden_dtype: torch.dtype, device: torch.dev
         return settings.attention
     runs = (varlen_attn is not None and device.type == "cuda" and shard["packed"]
             and hidden_dtype in (torch.float16, torch.bfloat16))
-    if runs:
-        return "varlen"
-    return "cpkit" if device.type == "cpu" else "sdpa"
+    return "varlen" if runs else "cpkit"
 
 
 @translate

@@ -53,11 +53,13 @@ CpAttentionGrads cp_attention_backward(const at::Tensor& q, const at::Tensor& k,
                                        const MeshPtr& mesh, const CpAttentionOptions& options);
 
 // What this process's cp_attention calls moved and waited for since the last reset: bytes in
-// and out over both passes, and the seconds the forward waited for keys after its first
-// stage (communication the overlap did not hide) and the backward spent in its exchange.
+// and out over both passes, and the seconds each pass waited for its exchange after the
+// stage it overlaps (communication the overlap did not hide): the forward for the received
+// keys after attending its own, the backward for its keys' returned gradients after its own
+// keys' gradients.
 struct CpAttentionStats {
   std::int64_t calls = 0, bytes_received = 0, bytes_sent = 0;
-  double forward_exposed_seconds = 0, backward_exchange_seconds = 0;
+  double forward_exposed_seconds = 0, backward_exposed_seconds = 0;
 };
 CpAttentionStats cp_attention_stats();
 void reset_cp_attention_stats();
