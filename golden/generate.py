@@ -29,6 +29,7 @@ OUT = pathlib.Path(__file__).resolve().parent / "cases"
 OFFSETS = pathlib.Path(__file__).resolve().parent / "offsets"
 LINEAR = pathlib.Path(__file__).resolve().parent / "linear"
 LOGPROBS = pathlib.Path(__file__).resolve().parent / "logprobs"
+ATTENTION = pathlib.Path(__file__).resolve().parent / "attention"
 
 
 def padded_length(n, cp, pad_multiple, layout="contiguous"):
@@ -348,6 +349,87 @@ def make_logprobs_case(name, fmt, cp, rows, S, vocab, hidden_size, seed, docs=No
     return case
 
 
+def attention_visible(stream, window):
+    """[S_pad, S_pad] bool: may query i see key j (docs/spec.md section 4b, restated)."""
+    doc = torch.tensor(stream["document_ids"])
+    pos = torch.tensor(stream["position_ids"])
+    pad = torch.tensor(stream["padding"])
+    seen = (doc[:, None] > 0) & (doc[:, None] == doc[None, :]) & (pos[None, :] <= pos[:, None]) \
+        & ~pad[None, :]
+    if window > 0:
+        seen &= pos[:, None] - pos[None, :] < window
+    return seen
+
+
+def nullable(t):
+    """Values rounded like `rounded`, -inf written as null (JSON has no infinity)."""
+    if t.dim() == 1:
+        return [None if v == -math.inf else float(f"{v:.9g}") for v in t.tolist()]
+    return [nullable(x) for x in t]
+
+
+def make_attention_case(name, fmt, cp, rows, S, seed, hq, hkv, d, docs=None, mask_zeros=(),
+                        layout_kind="contiguous", window=0, softcap=0.0, sinks=False, scale=0.0):
+    """cp_attention (docs/spec.md section 4b) in fp64 on the unsharded rows: every query over
+    every key of its row under the mask, GQA by repeating key heads, the soft cap, sinks as an
+    extra softmax column with no value. Each rank's expected values are those of its positions;
+    its gradients autograd of the whole row's sum(out * upstream) (dq, dk, dv at its positions:
+    a key's gradient summed over every rank's queries) and, for the sinks, of its own
+    positions' share only."""
+    g = torch.Generator().manual_seed(seed)
+    inputs, s_pad, layout = layout_case(fmt, cp, rows, S, 5, g, docs=docs, mask_zeros=mask_zeros,
+                                        layout=layout_kind)
+    (row_ids, streams, _), = layout
+    q = torch.randn(rows, s_pad, hq, d, generator=g)
+    k = torch.randn(rows, s_pad, hkv, d, generator=g)
+    v = torch.randn(rows, s_pad, hkv, d, generator=g)
+    upstream = torch.randn(rows, s_pad, hq, d, generator=g)
+    sink = torch.randn(hq, generator=g) if sinks else None
+    qd, kd, vd = (t.double().requires_grad_(True) for t in (q, k, v))
+    sd = sink.double().requires_grad_(True) if sinks else None
+    used_scale = scale if scale > 0 else 1.0 / math.sqrt(d)
+    kk = kd.repeat_interleave(hq // hkv, dim=2)
+    vv = vd.repeat_interleave(hq // hkv, dim=2)
+    scores = torch.einsum("bihd,bjhd->bhij", qd, kk) * used_scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    seen = torch.stack([attention_visible(st, window) for st in streams])  # [rows, S_pad, S_pad]
+    scores = scores.masked_fill(~seen[:, None], -math.inf)
+    if sinks:
+        scores = torch.cat([scores, sd.view(1, hq, 1, 1).expand(rows, hq, s_pad, 1)], dim=3)
+    lse = torch.logsumexp(scores, dim=3)  # [rows, hq, S_pad]
+    p = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+    if sinks:
+        p = p[..., :s_pad]
+    out = torch.einsum("bhij,bjhd->bihd", p, vv)
+    total = (out * upstream.double()).sum()
+    dq, dk, dv = torch.autograd.grad(total, (qd, kd, vd), retain_graph=True)
+    slots = [x for x in inputs["seq_lens_padded"][0] if x != SENTINEL] if fmt == "thd" else None
+    ranks = []
+    for r, owned in enumerate(layout_positions(layout_kind, s_pad, cp, slots)):
+        entry = {"rank": r, "positions": owned,
+                 "out": rounded(out[:, owned].detach().float().flatten(2)),
+                 "lse": nullable(lse[:, :, owned].detach().transpose(1, 2).float()),
+                 "dq": rounded(dq[:, owned].float().flatten(2)),
+                 "dk": rounded(dk[:, owned].float().flatten(2)),
+                 "dv": rounded(dv[:, owned].float().flatten(2))}
+        if sinks:
+            mine = (out[:, owned] * upstream[:, owned].double()).sum()
+            entry["dsinks"] = rounded(torch.autograd.grad(mine, sd, retain_graph=True)[0].float())
+        ranks.append(entry)
+    case = {"name": name, "format": fmt, "cp": cp, "num_chunks": 1, "pad_multiple": 1,
+            "pad_token_id": 0, "vocab": 5, "softcap": softcap, "layout": layout_kind,
+            "window": window, "scale": scale, "heads": [hq, hkv, d],
+            "oracle": "torch fp64 dense masked softmax attention, autograd on the unsharded rows",
+            "inputs": inputs,
+            "microbatches": [{"rows": row_ids, "q": rounded(q.flatten(2)),
+                              "k": rounded(k.flatten(2)), "v": rounded(v.flatten(2)),
+                              "upstream": rounded(upstream.flatten(2)),
+                              "sinks": rounded(sink) if sinks else [], "ranks": ranks}]}
+    (ATTENTION / f"{name}.json").write_text(json.dumps(case, indent=1) + "\n")
+    return case
+
+
 def document_starts(docs, padding):
     """Where each token's attention document starts (docs/spec.md section 4a): a run of one
     document id; padding before the first real token of a run is its own document."""
@@ -474,6 +556,23 @@ def main():
     make_logprobs_case("logprobs_thd_cp3_softcap_temperature", "thd", cp=3, rows=1, S=11,
                        vocab=9, hidden_size=5, seed=41, docs=[[(4, 1), (5, 1)]], softcap=2.0,
                        temperature=0.7, head_scale=6.0)
+    # cpkit's own CP attention (docs/spec.md section 4b): every layout, BSHD and THD, GQA,
+    # windows, soft cap and sinks; documents cut across ranks, a rank holding two pieces of
+    # one (head_tail, balanced), queries that see nothing (the row tail, left padding).
+    ATTENTION.mkdir(exist_ok=True)
+    make_attention_case("attention_bshd_cp2_left_padding", "bshd", cp=2, rows=2, S=9, seed=50,
+                        hq=2, hkv=1, d=4, mask_zeros=[(1, 0), (1, 1)])
+    make_attention_case("attention_thd_cp3_window_sinks", "thd", cp=3, rows=1, S=20, seed=51,
+                        hq=4, hkv=2, d=3, docs=[[(6, 1), (0, 1), (9, 0)]], window=4, sinks=True)
+    make_attention_case("attention_thd_cp2_head_tail_softcap", "thd", cp=2, rows=1, S=15, seed=52,
+                        hq=2, hkv=2, d=5, docs=[[(11, 0), (3, 1)]], layout_kind="head_tail",
+                        softcap=1.5, scale=0.6)
+    make_attention_case("attention_thd_cp2_balanced_long_doc", "thd", cp=2, rows=1, S=301,
+                        seed=53, hq=2, hkv=1, d=2,
+                        docs=[[(9, 1), (261, 2), (0, 1), (17, 0), (5, 1)]],
+                        layout_kind="balanced", window=40, sinks=True)
+    make_attention_case("attention_bshd_cp4_head_tail_gqa", "bshd", cp=4, rows=1, S=13, seed=54,
+                        hq=4, hkv=1, d=4, layout_kind="head_tail")
     print(f"wrote {len(list(OUT.glob('*.json')))} cases to {OUT}")
 
 

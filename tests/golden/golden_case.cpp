@@ -3,6 +3,7 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <stdexcept>
 
@@ -127,6 +128,56 @@ LogprobsCase load_logprobs_case(const std::string& name) {
       mb.ranks.push_back(e);
     }
     c.microbatches.push_back(mb);
+  }
+  return c;
+}
+
+namespace {
+
+// [rows][tokens][values] with null for -inf.
+Floats3 with_infinities(const Json& rows) {
+  Floats3 out;
+  for (const Json& row : rows) {
+    Floats2& r = out.emplace_back();
+    for (const Json& token : row) {
+      std::vector<float>& t = r.emplace_back();
+      for (const Json& x : token) t.push_back(x.is_null() ? -INFINITY : x.get<float>());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+AttentionCase load_attention_case(const std::string& name) {
+  std::ifstream in(std::string(CPKIT_GOLDEN_ATTENTION_DIR) + "/" + name + ".json");
+  if (!in) throw std::runtime_error("golden attention case " + name + " not found");
+  const Json j = Json::parse(in);
+  AttentionCase c;
+  c.batch = batch_of(j);
+  c.window = j.at("window");
+  c.scale = j.at("scale");
+  const auto heads = j.at("heads").get<std::vector<std::int64_t>>();
+  c.hq = heads.at(0);
+  c.hkv = heads.at(1);
+  c.head_dim = heads.at(2);
+  const Json& m = j.at("microbatches").at(0);
+  c.q = m.at("q").get<Floats3>();
+  c.k = m.at("k").get<Floats3>();
+  c.v = m.at("v").get<Floats3>();
+  c.upstream = m.at("upstream").get<Floats3>();
+  c.sinks = m.at("sinks").get<std::vector<float>>();
+  for (const Json& r : m.at("ranks")) {
+    AttentionRank e;
+    e.rank = r.at("rank");
+    e.positions = r.at("positions").get<std::vector<std::int64_t>>();
+    e.out = r.at("out").get<Floats3>();
+    e.lse = with_infinities(r.at("lse"));
+    e.dq = r.at("dq").get<Floats3>();
+    e.dk = r.at("dk").get<Floats3>();
+    e.dv = r.at("dv").get<Floats3>();
+    if (r.contains("dsinks")) e.dsinks = r.at("dsinks").get<std::vector<float>>();
+    c.ranks.push_back(e);
   }
   return c;
 }

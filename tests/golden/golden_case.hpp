@@ -106,6 +106,26 @@ struct LogprobsCase {
 };
 LogprobsCase load_logprobs_case(const std::string& name);
 
+// golden/attention: cp_attention over one microbatch. Heads are flattened: q, out, dq and
+// the upstream are [rows][tokens][Hq * D], k, v, dk, dv [rows][tokens][Hkv * D]; a rank's
+// values are those of its positions, in local order.
+struct AttentionRank {
+  int rank = 0;
+  std::vector<std::int64_t> positions;
+  Floats3 out, dq, dk, dv;
+  Floats3 lse;                // [rows][L][Hq]; -inf where a query sees nothing (null in JSON)
+  std::vector<float> dsinks;  // this rank's term; empty without sinks
+};
+struct AttentionCase {
+  GoldenCase batch;  // batch.softcap is the attention's soft cap
+  std::int64_t window = 0, hq = 1, hkv = 1, head_dim = 1;
+  double scale = 0;
+  Floats3 q, k, v, upstream;  // [rows][S_pad][heads * D]
+  std::vector<float> sinks;   // [Hq] or empty
+  std::vector<AttentionRank> ranks;
+};
+AttentionCase load_attention_case(const std::string& name);
+
 // FP32 oracle vs cpkit: losses and gradients within these.
 inline constexpr double kGoldenLossRtol = 1e-5;
 inline constexpr double kGoldenGradAtol = 1e-6;

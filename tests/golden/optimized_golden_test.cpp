@@ -8,6 +8,7 @@
 
 #include "closeness.hpp"
 
+#include "cpkit/optimized/cp_attention.hpp"
 #include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/sharder.hpp"
@@ -284,6 +285,61 @@ TEST_P(OptimizedLogprobsGolden, MatchesTheOracleOnRealRanks) {
 
 INSTANTIATE_TEST_SUITE_P(Logprobs, OptimizedLogprobsGolden,
                          ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_LOGPROBS_DIR)));
+
+class OptimizedAttentionGolden : public ::testing::TestWithParam<std::string> {};
+
+// [rows][tokens][width] at `positions` of every row, as [rows * positions, width].
+Floats2 at_positions(const Floats3& x, const std::vector<std::int64_t>& positions) {
+  Floats2 out;
+  for (const auto& row : x)
+    for (const std::int64_t j : positions) out.push_back(row[static_cast<std::size_t>(j)]);
+  return out;
+}
+
+Floats2 flattened(const Floats3& x) {
+  Floats2 out;
+  for (const auto& row : x) out.insert(out.end(), row.begin(), row.end());
+  return out;
+}
+
+TEST_P(OptimizedAttentionGolden, MatchesTheOracleOnRealRanks) {
+  const AttentionCase c = load_attention_case(GetParam());
+  const auto outcomes = ranks::run_ranks_collect(c.batch.cp, [&c](int rank, const MeshPtr& mesh) {
+    const Sharder s = prepare(c.batch, mesh);
+    const LocalShard l = s.local(0);
+    const std::vector<std::int64_t> positions = layout_positions(*l.layout.plan, rank);
+    const AttentionRank& e = c.ranks[static_cast<std::size_t>(rank)];
+    if (positions != e.positions)
+      return std::string("the shard's positions are not the oracle's\n");
+    const int64_t rows = l.labels.size(0), L = l.layout.local_len;
+    auto local = [&](const Floats3& x, int64_t heads) {
+      return floats(at_positions(x, positions)).view({rows, L, heads, c.head_dim});
+    };
+    const at::Tensor q = local(c.q, c.hq).requires_grad_(true);
+    const at::Tensor k = local(c.k, c.hkv).requires_grad_(true);
+    const at::Tensor v = local(c.v, c.hkv).requires_grad_(true);
+    CpAttentionOptions options{c.scale, c.batch.softcap, at::Tensor()};
+    if (!c.sinks.empty()) options.sinks = at::tensor(c.sinks).requires_grad_(true);
+    const auto plan = std::make_shared<const AttentionPlan>(attention_plan(s, 0, rank, c.window));
+    const CpAttentionOutput r = cp_attention(q, k, v, plan, mesh, options);
+    (r.out * local(c.upstream, c.hq)).sum().backward();
+    std::string out = first_difference(r.out, floats(flattened(e.out)), "out");
+    out += first_difference(r.lse.transpose(1, 2), floats(flattened(e.lse)), "lse");
+    out += first_difference(q.grad(), floats(flattened(e.dq)), "dq");
+    out += first_difference(k.grad(), floats(flattened(e.dk)), "dk");
+    out += first_difference(v.grad(), floats(flattened(e.dv)), "dv");
+    if (!c.sinks.empty())
+      out += first_difference(options.sinks.grad(), at::tensor(e.dsinks), "d sinks");
+    return out;
+  });
+  for (const auto& o : outcomes) {
+    EXPECT_TRUE(o.ok) << "rank " << o.rank << ": " << o.message;
+    EXPECT_EQ(o.output, "") << "rank " << o.rank << ":\n" << o.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Attention, OptimizedAttentionGolden,
+                         ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_ATTENTION_DIR)));
 
 }  // namespace
 }  // namespace cpkit::golden

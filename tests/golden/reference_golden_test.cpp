@@ -273,5 +273,87 @@ TEST_P(ReferenceLogprobsGolden, ReproducesTheOracle) {
 INSTANTIATE_TEST_SUITE_P(Logprobs, ReferenceLogprobsGolden,
                          ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_LOGPROBS_DIR)));
 
+// golden/attention: the reference's per-rank attention (one row at a time) and gradients
+// against fp64 autograd of dense masked attention over the unsharded rows.
+class ReferenceAttentionGolden : public ::testing::TestWithParam<std::string> {};
+
+// Head h of [tokens][heads * D] values at `positions` as an [L, D] matrix.
+ref::FloatMatrix head_at(const Floats2& row, const std::vector<std::int64_t>& positions,
+                         std::int64_t h, std::int64_t d) {
+  ref::FloatMatrix m(static_cast<Eigen::Index>(positions.size()), d);
+  for (std::size_t j = 0; j < positions.size(); ++j)
+    for (std::int64_t c = 0; c < d; ++c)
+      m(static_cast<Eigen::Index>(j), c) =
+          row[static_cast<std::size_t>(positions[j])][static_cast<std::size_t>(h * d + c)];
+  return m;
+}
+
+std::vector<std::int64_t> local_order(std::size_t n) {
+  std::vector<std::int64_t> out(n);
+  for (std::size_t j = 0; j < n; ++j) out[j] = static_cast<std::int64_t>(j);
+  return out;
+}
+
+TEST_P(ReferenceAttentionGolden, ReproducesTheOracle) {
+  const AttentionCase c = load_attention_case(GetParam());
+  const ref::Sharder s = prepare(c.batch);
+  const ref::AttentionOptions options{c.scale, c.window, c.batch.softcap,
+                                      std::vector<double>(c.sinks.begin(), c.sinks.end())};
+  std::vector<std::vector<double>> dsinks(c.ranks.size(), std::vector<double>(c.sinks.size()));
+  for (std::size_t b = 0; b < c.q.size(); ++b) {
+    std::vector<ref::RankHeads> ranks;
+    std::vector<std::vector<ref::FloatMatrix>> d_out;
+    for (const AttentionRank& e : c.ranks) {
+      const ref::LocalShard l = s.local(0, e.rank);
+      ASSERT_EQ(l.layout.positions, e.positions) << "rank " << e.rank;
+      const auto row = static_cast<Eigen::Index>(b);
+      ref::RankHeads r{{},
+                       {},
+                       {},
+                       {l.position_ids.row(row).transpose(), l.document_ids.row(row).transpose(),
+                        l.padding.row(row).transpose()}};
+      d_out.emplace_back();
+      for (std::int64_t h = 0; h < c.hq; ++h) {
+        r.q.push_back(head_at(c.q[b], e.positions, h, c.head_dim));
+        d_out.back().push_back(head_at(c.upstream[b], e.positions, h, c.head_dim));
+      }
+      for (std::int64_t g = 0; g < c.hkv; ++g) {
+        r.k.push_back(head_at(c.k[b], e.positions, g, c.head_dim));
+        r.v.push_back(head_at(c.v[b], e.positions, g, c.head_dim));
+      }
+      ranks.push_back(r);
+    }
+    const auto outputs = ref::cp_attention(ranks, options);
+    const auto grads = ref::cp_attention_backward(ranks, d_out, options);
+    for (const AttentionRank& e : c.ranks) {
+      const std::string at = "row " + std::to_string(b) + " rank " + std::to_string(e.rank);
+      const auto& o = outputs[static_cast<std::size_t>(e.rank)];
+      const auto& g = grads[static_cast<std::size_t>(e.rank)];
+      const std::vector<std::int64_t> mine = local_order(e.positions.size());
+      for (std::int64_t h = 0; h < c.hq; ++h) {
+        EXPECT_TRUE(close(o.out[h], head_at(e.out[b], mine, h, c.head_dim))) << "out " << at;
+        EXPECT_TRUE(close(g.dq[h], head_at(e.dq[b], mine, h, c.head_dim))) << "dq " << at;
+        for (std::size_t j = 0; j < mine.size(); ++j)
+          EXPECT_TRUE(harness::is_close(o.lse[h](static_cast<Eigen::Index>(j)), e.lse[b][j][h],
+                                        kGoldenGradAtol, kGoldenLossRtol))
+              << "lse " << at << " token " << j << " head " << h;
+        if (!c.sinks.empty()) dsinks[static_cast<std::size_t>(e.rank)][h] += g.dsinks[h];
+      }
+      for (std::int64_t kh = 0; kh < c.hkv; ++kh) {
+        EXPECT_TRUE(close(g.dk[kh], head_at(e.dk[b], mine, kh, c.head_dim))) << "dk " << at;
+        EXPECT_TRUE(close(g.dv[kh], head_at(e.dv[b], mine, kh, c.head_dim))) << "dv " << at;
+      }
+    }
+  }
+  for (const AttentionRank& e : c.ranks)
+    for (std::size_t h = 0; h < c.sinks.size(); ++h)
+      EXPECT_TRUE(harness::is_close(dsinks[static_cast<std::size_t>(e.rank)][h], e.dsinks[h],
+                                    kGoldenGradAtol, kGoldenLossRtol))
+          << "d sinks rank " << e.rank << " head " << h;
+}
+
+INSTANTIATE_TEST_SUITE_P(Attention, ReferenceAttentionGolden,
+                         ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_ATTENTION_DIR)));
+
 }  // namespace
 }  // namespace cpkit::golden
