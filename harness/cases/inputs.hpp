@@ -21,6 +21,7 @@ enum class Input : std::uint64_t {
   kHidden,       // the LM head's input hidden states (index: microbatch)
   kHeadWeight,   // the LM head's weight [V, H]
   kLogprobGrad,  // token_logprobs' upstream gradients (index: microbatch)
+  kPolicy,       // policy_loss' advantages and old / ref / sampler log-probs (index: microbatch)
 };
 
 // splitmix64 of (seed, input, index): distinct streams for distinct inputs.

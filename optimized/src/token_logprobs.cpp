@@ -12,10 +12,9 @@
 
 #include "cpkit/optimized/constants.hpp"
 #include "cpkit/optimized/error.hpp"
-#include "cuda_glue.hpp"
 #include "fault_injection.hpp"
 #include "head_gemms.hpp"
-#include "kernels/token_logprobs_launch.hpp"
+#include "logprob_rows.hpp"
 #include "loss_targets.hpp"
 #include "tensor_checks.hpp"
 
@@ -28,30 +27,6 @@ void check_options(const at::Tensor& hidden, const at::Tensor& weight,
   detail::check_head_inputs(hidden, weight, options.softcap, options.chunk_rows);
   if (!(options.temperature > 0.0) || !std::isfinite(options.temperature))
     raise("temperature", "must be finite and > 0, got ", options.temperature);
-}
-
-// The kernels' arguments for rows [begin, begin + z.size(0)) of a call.
-kernels::TokenLogprobsArgs args_for(const at::Tensor& z, const at::Tensor& targets,
-                                    const at::Tensor& stats, int64_t begin,
-                                    const TokenLogprobsOptions& options) {
-  kernels::TokenLogprobsArgs a{};
-  a.logits = z.data_ptr<float>();
-  a.targets = targets.data_ptr<int64_t>() + begin;
-  a.rows = z.size(0);
-  a.vocab = z.size(1);
-  a.softcap = static_cast<float>(options.softcap);
-  a.inv_temperature = static_cast<float>(1.0 / options.temperature);
-  a.stats = stats.data_ptr<float>() + 3 * begin;
-  a.vocab_major = detail::vocab_major(z, "logits");
-  return a;
-}
-
-template <class Cpu, class Cuda>
-void run_kernel(const at::Tensor& on, Cpu&& cpu, Cuda&& cuda) {
-  if (on.is_cuda())
-    detail::launch_on(on, cuda);
-  else
-    cpu();
 }
 
 // An upstream gradient [B, L] as the kernel reads it: fp32, contiguous, on hidden's device.
@@ -125,12 +100,11 @@ TokenLogprobsForward token_logprobs_forward(const at::Tensor& hidden, const at::
   at::Tensor entropy = options.entropy ? at::empty({rows}, f32) : at::Tensor();
   for (int64_t begin = 0; begin < rows; begin += head.chunk()) {
     const at::Tensor z = head.logits(begin, std::min(head.chunk(), rows - begin));
-    kernels::TokenLogprobsArgs a = args_for(z, targets, out.stats, begin, options);
+    kernels::TokenLogprobsArgs a =
+        detail::logprob_rows(z, targets, out.stats, begin, options.softcap, options.temperature);
     a.logprobs = logprobs.data_ptr<float>() + begin;
     a.entropy = options.entropy ? entropy.data_ptr<float>() + begin : nullptr;
-    run_kernel(
-        z, [&] { kernels::token_logprobs_forward_cpu(a); },
-        [&](void* stream) { kernels::token_logprobs_forward_cuda(a, stream); });
+    detail::logprob_rows_forward(a, z);
   }
   out.values.logprobs = logprobs.view({B, L});
   if (options.entropy) out.values.entropy = entropy.view({B, L});
@@ -177,13 +151,12 @@ TokenLogprobsGrads token_logprobs_backward(const at::Tensor& hidden, const at::T
   at::Tensor grad_weight = want_weight ? at::empty({V, H}, f32) : at::Tensor();
   for (int64_t begin = 0; begin < rows; begin += head.chunk()) {
     const at::Tensor z = head.logits(begin, std::min(head.chunk(), rows - begin));
-    kernels::TokenLogprobsArgs a = args_for(z, t, s, begin, options);
+    kernels::TokenLogprobsArgs a =
+        detail::logprob_rows(z, t, s, begin, options.softcap, options.temperature);
     a.grad_logprobs = g_lp.defined() ? g_lp.data_ptr<float>() + begin : nullptr;
     a.grad_entropy = g_ent.defined() ? g_ent.data_ptr<float>() + begin : nullptr;
     a.grad = z.data_ptr<float>();
-    run_kernel(
-        z, [&] { kernels::token_logprobs_backward_cpu(a); },
-        [&](void* stream) { kernels::token_logprobs_backward_cuda(a, stream); });
+    detail::logprob_rows_backward(a, z);
     const at::Tensor g = head.gradient_operand(z);
     if (want_hidden) head.grad_hidden(g, grad_hidden.narrow(0, begin, z.size(0)));
     if (want_weight) head.accumulate_grad_weight(grad_weight, g, begin, begin == 0);

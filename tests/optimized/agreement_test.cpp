@@ -14,6 +14,7 @@
 #include "cpkit/optimized/gather.hpp"
 #include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
+#include "cpkit/optimized/policy_loss.hpp"
 #include "cpkit/optimized/sharder.hpp"
 #include "cpkit/optimized/token_logprobs.hpp"
 #include "cpkit/optimized/validation.hpp"
@@ -130,6 +131,19 @@ TEST_P(AgreementTest, LinearLossDtypesThatDifferRaise) {
                                                at::ones({4}, at::kBool), mesh);
                       },
                       "hidden", {"the dtype", "BFloat16", "Float"});
+}
+
+TEST_P(AgreementTest, PolicyLossKindsThatDifferRaise) {
+  expect_disagreement(GetParam(),
+                      [](bool differs, const MeshPtr& mesh) {
+                        const at::Tensor x = at::zeros({1, 4});
+                        PolicyLossOptions o;
+                        o.kind = differs ? PolicyKind::kCispo : PolicyKind::kPpo;
+                        policy_loss(at::randn({1, 4, 8}), at::randn({32, 8}),
+                                    at::randint(0, 32, {1, 4}, at::kLong), at::ones({4}, at::kBool),
+                                    mesh, {x, x, {}, {}, {}}, o);
+                      },
+                      "kind", {"the kind", "1", "0"});
 }
 
 TEST_P(AgreementTest, TokenLogprobsDtypesThatDifferRaise) {
