@@ -17,6 +17,13 @@ own:
   then their mean;
 - eager: F.cross_entropy(F.linear(h, W)) on the shifted targets;
 - checkpointed: 256-row chunks of linear + cross_entropy under torch.utils.checkpoint.
+The GRPO loss (docs/spec.md section 5c: clipped ratio, k3 KL to a reference, token mean) from
+the same inputs, with fixed advantages and old / reference log-probabilities:
+- cpkit_policy: cpkit.policy_loss (three GEMMs: its gradient formed in the logits pass);
+- cpkit_logprobs_policy: cpkit.token_logprobs, then the loss in torch (four GEMMs);
+- cce_policy: cut-cross-entropy's per-token values (reduction="none": minus the
+  log-probabilities), then the loss in torch;
+- eager_policy: log_softmax(F.linear(h, W)) gathered at the targets, then the loss in torch.
 Time: median of `--repeats` steps after one untimed step; with `--rounds R` every contender
 runs R times (each sweep in a rotated order), its time is the median over rounds and each
 ratio the median of the ratios within a round (this host's speed drifts by 10-20 % over
@@ -46,7 +53,9 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 CONTENDERS = ("gemms", "gemms_row_major", "cpkit", "cpkit_logprobs", "cce_compile",
-              "cce_per_token", "eager", "checkpointed")
+              "cce_per_token", "eager", "checkpointed", "cpkit_policy", "cpkit_logprobs_policy",
+              "cce_policy", "eager_policy")
+POLICY_CLIP, POLICY_KL = 0.2, 0.05
 CHECKPOINT_ROWS = 256
 
 
@@ -63,6 +72,24 @@ def inputs(T: int, H: int, V: int):
     weight = torch.randn(V, H, generator=g).requires_grad_(True)
     labels = torch.randint(0, V, (1, T), generator=g)
     return hidden, weight, labels
+
+
+def policy_inputs(T: int, V: int):
+    """Advantages and old / reference log-probabilities at every position but the last."""
+    g = torch.Generator().manual_seed(1)
+    advantages = torch.randn(1, T, generator=g)
+    old = torch.randn(1, T, generator=g) * 0.5 - torch.log(torch.tensor(float(V)))
+    ref = torch.randn(1, T, generator=g) * 0.5 - torch.log(torch.tensor(float(V)))
+    return advantages, old, ref
+
+
+def grpo_loss(lp, advantages, old, ref):
+    """The GRPO objective written in torch: clipped ratio plus k3 KL, a mean over the tokens."""
+    ratio = torch.exp(lp - old)
+    pg = torch.maximum(-advantages * ratio,
+                       -advantages * ratio.clamp(1 - POLICY_CLIP, 1 + POLICY_CLIP))
+    d = ref - lp
+    return (pg + POLICY_KL * (torch.exp(d) - d - 1)).mean()
 
 
 def step_of(name: str, hidden, weight, labels):
@@ -113,6 +140,34 @@ def step_of(name: str, hidden, weight, labels):
                                    targets[b:b + CHECKPOINT_ROWS], use_reentrant=False)
                         for b in range(0, T - 1, CHECKPOINT_ROWS))
             return total / (T - 1)
+    elif name.endswith("_policy"):
+        advantages, old, ref = (x[:, :-1] for x in policy_inputs(T, V))
+        if name == "cpkit_policy":
+            import cpkit
+
+            valid = torch.ones(T, dtype=torch.bool)
+            a, o, r = (torch.cat([x, torch.zeros(1, 1)], 1) for x in (advantages, old, ref))
+            loss_of = lambda: cpkit.policy_loss(  # noqa: E731
+                hidden, weight, labels, valid, a, o, ref_logprobs=r, kl_coef=POLICY_KL,
+                eps_low=POLICY_CLIP, eps_high=POLICY_CLIP).loss
+        else:
+            if name == "cpkit_logprobs_policy":
+                import cpkit
+
+                valid = torch.ones(T, dtype=torch.bool)
+                lp_of = lambda: cpkit.token_logprobs(  # noqa: E731
+                    hidden, weight, labels, valid).logprobs[:, :-1]
+            elif name == "cce_policy":
+                from cut_cross_entropy import linear_cross_entropy
+
+                lp_of = lambda: -linear_cross_entropy(  # noqa: E731
+                    hidden[0], weight, labels[0], shift=1, reduction="none",
+                    impl="torch_compile").unsqueeze(0)
+            else:
+                lp_of = lambda: torch.log_softmax(  # noqa: E731
+                    F.linear(hidden[0, :-1], weight), -1).gather(
+                        -1, targets.unsqueeze(-1)).squeeze(-1).unsqueeze(0)
+            loss_of = lambda: grpo_loss(lp_of(), advantages, old, ref)  # noqa: E731
     else:
         raise ValueError(f"unknown contender {name!r}; one of {CONTENDERS}")
 
@@ -174,10 +229,11 @@ def summarise(rounds: dict) -> dict:
         fraction = by_round(name, "gemms", lambda own, gemm: gemm / own)
         if fraction is not None:
             entry["gemm_fraction"] = fraction  # share of the fastest GEMMs' throughput
-        vs_cce = by_round(name, "cce_compile", lambda own, cce: own / cce)
+        against = "cce_policy" if name.endswith("_policy") else "cce_compile"
+        vs_cce = by_round(name, against, lambda own, cce: own / cce)
         if vs_cce is not None:
             entry["time_vs_cce"] = vs_cce
-            entry["memory_vs_cce"] = entry["peak_mib"] / results["cce_compile"]["peak_mib"]
+            entry["memory_vs_cce"] = entry["peak_mib"] / results[against]["peak_mib"]
     return results
 
 

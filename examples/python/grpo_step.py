@@ -10,9 +10,10 @@ cpkit.token_logprobs, the log-probability of every sampled token under the polic
 sampler's temperature: the LM head is fused in (no [B, S, V] logits), the target of a shard's
 last token comes from the next rank, and bf16 heads keep fp32 logits. Those old
 log-probabilities (gathered in global order by cpkit.restore_order) are compared with
-F.log_softmax in fp64 on the whole batch. A GRPO loss (group-normalised rewards, clipped
-ratio) then takes one SGD step under CP and one in a single process; rank 0 prints both and
-every rank exits 1 if the updated weights differ.
+F.log_softmax in fp64 on the whole batch. The GRPO loss (group-normalised rewards, clipped
+ratio, token mean over every rank) is then cpkit.policy_loss under CP and the same loss in
+torch in a single process; each takes one SGD step, rank 0 prints both and every rank exits 1
+if the updated weights differ.
 """
 
 from __future__ import annotations
@@ -79,8 +80,7 @@ def advantages_of(ids: torch.Tensor) -> torch.Tensor:
 
 
 def grpo_loss(logprobs, old, mask, advantages, total: int) -> torch.Tensor:
-    """Clipped-ratio policy loss summed over this shard's response tokens / all of them: the
-    ranks' values (and gradients) add up to the one-process loss."""
+    """The one-process clipped-ratio policy loss: a mean over the `total` response tokens."""
     ratio = torch.exp(logprobs - old)
     clipped = torch.clamp(ratio, 1 - CLIP, 1 + CLIP)
     return -(torch.minimum(ratio * advantages, clipped * advantages) * mask).sum() / total
@@ -97,18 +97,24 @@ def cp_step(policy: Policy, ids: torch.Tensor, mesh, layout: str, temperature: f
     with torch.no_grad():  # the rollout's log-probabilities (the "old policy")
         old = cpkit.token_logprobs(h, policy.head.weight, s["labels"], s["valid"], mesh,
                                    temperature=temperature, layout=s["layout"])
-    out = cpkit.token_logprobs(h, policy.head.weight, s["labels"], s["valid"], mesh,
-                               temperature=temperature, entropy=True, layout=s["layout"])
-    total = int(labels[:, 1:].ne(-100).sum())
-    loss = grpo_loss(out.logprobs, old.logprobs, out.has_target, advantages_of(ids), total)
-    loss.backward()
-    for p in policy.parameters():  # the ranks' terms add up: a sum, not a mean
+    # The GRPO loss in one op through the head: the clipped ratio, its token mean counted
+    # over every rank, the gradient formed in the logits pass. Each response's advantage
+    # holds at each of its positions.
+    advantages = advantages_of(ids).expand_as(s["labels"]).contiguous()
+    out = cpkit.policy_loss(h, policy.head.weight, s["labels"], s["valid"], advantages,
+                            old.logprobs, mesh, kind="ppo", eps_low=CLIP, eps_high=CLIP,
+                            aggregation="token_mean", temperature=temperature,
+                            layout=s["layout"])
+    out.loss.backward()
+    for p in policy.parameters():  # each rank's loss is CP times its share: average, as FSDP
         dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
     global_old = cpkit.restore_order(old.logprobs, s["layout"], mesh)[:, :SEQ]
-    total_loss = loss.detach().clone()
+    total_loss = out.loss.detach() / dist.get_world_size()
     dist.all_reduce(total_loss)
-    entropy = out.entropy.detach().sum()
+    entropy = out.entropy.sum()
     dist.all_reduce(entropy)
+    total = int(labels[:, 1:].ne(-100).sum())
     return global_old, float(total_loss), float(entropy) / total
 
 

@@ -13,6 +13,7 @@
 #include "agreement.hpp"
 #include "cpkit/optimized/constants.hpp"
 #include "cpkit/optimized/error.hpp"
+#include "fault_injection.hpp"
 #include "head_gemms.hpp"
 #include "logprob_rows.hpp"
 #include "loss_kernel.hpp"
@@ -150,7 +151,7 @@ PolicyLossWithGrad fused_policy_loss(const at::Tensor& hidden, const at::Tensor&
     const at::Tensor delta =
         at::where(counts, lp.to(at::kDouble) - range.old_logprobs, at::zeros({rows}, f64));
     at::Tensor sums = at::zeros_like(per_sequence).index_add_(0, key, delta);
-    sum_over(mesh, sums);
+    if (!detail::fault("sequence_ratio_local_only")) sum_over(mesh, sums);
     const at::Tensor n = per_sequence.index_select(0, key).clamp_min(1.0);
     range.sequence_ratio = at::exp(sums.index_select(0, key) / n);
     range.lp = lp.to(at::kDouble);

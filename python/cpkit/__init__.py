@@ -21,11 +21,13 @@ torch.ops.load_library(str(pathlib.Path(__file__).with_name("_C.so")))
 from . import _ops  # noqa: E402,F401  (autograd and fake kernels)
 from ._api import (  # noqa: E402
     CpAttention,
+    PolicyLoss,
     Sharder,
     TokenLogprobs,
     cp_attention,
     gather_tokens,
     prepare_cp_inputs,
+    policy_loss,
     prepare_packed_cp_inputs,
     restore_order,
     set_value_checks,
@@ -38,11 +40,13 @@ from ._errors import CPError  # noqa: E402
 __all__ = [
     "CPError",
     "CpAttention",
+    "PolicyLoss",
     "Sharder",
     "TokenLogprobs",
     "cp_attention",
     "gather_tokens",
     "prepare_cp_inputs",
+    "policy_loss",
     "prepare_packed_cp_inputs",
     "restore_order",
     "set_value_checks",

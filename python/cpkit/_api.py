@@ -159,6 +159,73 @@ def token_logprobs(
     return TokenLogprobs(lp, ent if entropy else None, has)
 
 
+class PolicyLoss(NamedTuple):
+    loss: torch.Tensor      # 0-d float32: CP * DP * this rank's share of J
+    logprobs: torch.Tensor  # [B, L] float32 per position, 0 where none counts (for logging)
+    ratio: torch.Tensor
+    clipped: torch.Tensor
+    kl: torch.Tensor
+    entropy: torch.Tensor
+
+
+@translate
+def policy_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    valid: torch.Tensor,
+    advantages: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    mesh: Mesh = None,
+    *,
+    dp_mesh: Mesh = None,
+    ref_logprobs: Optional[torch.Tensor] = None,
+    sampler_logprobs: Optional[torch.Tensor] = None,
+    sequence_ids: Optional[torch.Tensor] = None,
+    kind: str = "ppo",
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip: float = 0.0,
+    kl: str = "k3",
+    kl_coef: float = 0.0,
+    tis_cap: float = 0.0,
+    entropy_coef: float = 0.0,
+    aggregation: str = "token_mean",
+    divisor: float = 0.0,
+    softcap: float = 0.0,
+    temperature: float = 1.0,
+    logits_precision: str = "fp32",
+    chunk_rows: int = 0,
+    layout: Optional[torch.Tensor] = None,
+) -> PolicyLoss:
+    """An RL policy-gradient loss through the LM head across CP (docs/spec.md section 5c),
+    with no ``[B, L, V]`` logits and three GEMMs (four for ``"gspo"``).
+
+    ``hidden``, ``weight``, ``labels``, ``valid``, ``mesh``, ``layout`` as for
+    :func:`token_logprobs`. Per-position ``[B, L]`` float32 tensors are aligned like
+    token_logprobs' output (position ``j``: predicting its target): ``advantages``,
+    ``old_logprobs`` (e.g. token_logprobs under ``torch.no_grad()``), ``ref_logprobs`` (for
+    ``kl_coef > 0``), ``sampler_logprobs`` (for ``tis_cap > 0``); ``sequence_ids`` = the
+    shard's ``document_ids`` (for ``"gspo"`` and the ``seq_*`` aggregations). ``kind``:
+    ``"ppo"`` (PPO / GRPO; ``eps_low`` / ``eps_high`` for DAPO's asymmetric clip,
+    ``dual_clip``), ``"cispo"`` or ``"gspo"`` (the ratio of whole sequences, cut across ranks
+    or not). ``kl``: ``"k1"``, ``"k2"``, ``"k3"``. ``aggregation``: ``"token_mean"``,
+    ``"seq_mean_token_mean"``, ``"seq_mean_token_sum"``, ``"constant"`` (``divisor``, Dr.
+    GRPO); every count spans the CP mesh and ``dp_mesh``. The loss is ``CP * DP`` times this
+    rank's share of the objective, so FSDP's average over the DP x CP ranks' gradients is the
+    objective's gradient. Differentiable in ``hidden`` and ``weight``."""
+    outs = torch.ops.cpkit.policy_loss(
+        hidden, weight, labels, valid, advantages, old_logprobs, ref_logprobs, sampler_logprobs,
+        sequence_ids, group_name(mesh), group_name(dp_mesh), str(kind), float(eps_low),
+        float(eps_high), float(dual_clip), str(kl), float(kl_coef), float(tis_cap),
+        float(entropy_coef), str(aggregation), float(divisor), float(softcap), float(temperature),
+        str(logits_precision), int(chunk_rows),
+        hidden.requires_grad and torch.is_grad_enabled(),
+        weight.requires_grad and torch.is_grad_enabled(), layout,
+    )
+    return PolicyLoss(*outs[:6])
+
+
 class CpAttention(NamedTuple):
     out: torch.Tensor  # [rows, L, Hq, D], q's dtype
     lse: torch.Tensor  # [rows, Hq, L] float32, -inf where a query sees nothing

@@ -201,6 +201,45 @@ torch.library.register_autograd(
     _LIB + "token_logprobs", _logprobs_backward, setup_context=_logprobs_setup
 )
 
+# ---- policy_loss: an RL loss through the head, gradients from the forward ----
+
+
+@torch.library.register_fake(_LIB + "policy_loss")
+def _policy_loss_fake(hidden, weight, labels, valid, advantages, old_logprobs, ref_logprobs,
+                      sampler_logprobs, sequence_ids, group_name, dp_group_name, kind, eps_low,
+                      eps_high, dual_clip, kl, kl_coef, tis_cap, entropy_coef, aggregation,
+                      divisor, softcap, temperature, logits_precision, chunk_rows, grad_hidden,
+                      grad_weight, layout=None):  # type: ignore[no-untyped-def]
+    B, L = hidden.shape[0], hidden.shape[1]
+    per_position = [hidden.new_empty((B, L), dtype=torch.float32) for _ in range(5)]
+    dh = torch.empty_like(hidden) if grad_hidden else hidden.new_empty((0,))
+    dw = torch.empty_like(weight) if grad_weight else weight.new_empty((0,))
+    return (hidden.new_empty((), dtype=torch.float32), *per_position, dh, dw)
+
+
+def _policy_loss_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
+    ctx.save_for_backward(output[6], output[7])
+    ctx.wanted = (inputs[25], inputs[26])
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)
+
+
+def _policy_loss_backward(ctx: Any, grad_loss: Any, *_rest: Any) -> tuple:
+    dh, dw = ctx.saved_tensors
+    none = (None,) * 26
+    if grad_loss is None:
+        return (None, None) + none
+    want_hidden, want_weight = ctx.wanted
+    return (
+        _times_upstream(dh, grad_loss) if want_hidden else None,
+        _times_upstream(dw, grad_loss) if want_weight else None,
+    ) + none
+
+
+torch.library.register_autograd(
+    _LIB + "policy_loss", _policy_loss_backward, setup_context=_policy_loss_setup
+)
+
 # ---- cp_attention: only the needed keys move; the backward returns their gradients ----
 
 
@@ -331,6 +370,6 @@ def _restore_index_fake(layout, local):  # type: ignore[no-untyped-def]
 # hidden and weight cast to bfloat16 (the reduced precision the fused head supports; the
 # casts are differentiable, so fp32 leaves get fp32 gradients). Backward ops are not
 # registered: their upstream gradients must stay fp32.
-for _op in ("shifted_cp_linear_loss", "token_logprobs"):
+for _op in ("shifted_cp_linear_loss", "token_logprobs", "policy_loss"):
     for _device in ("cpu", "cuda"):
         torch.library.register_autocast(_LIB + _op, _device, torch.bfloat16)

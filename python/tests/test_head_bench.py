@@ -1,6 +1,7 @@
 """bench/head_bench.py runs end to end at a small shape, and its contenders solve one problem:
 the same loss from cpkit (the fused loss and minus the mean of token_logprobs),
-cut-cross-entropy, eager PyTorch and checkpointed chunks."""
+cut-cross-entropy, eager PyTorch and checkpointed chunks, and the same GRPO loss from
+cpkit.policy_loss, token_logprobs, cut-cross-entropy and eager PyTorch."""
 
 import json
 import math
@@ -19,7 +20,8 @@ def test_contenders_agree(tmp_path):
     results = json.loads(out.read_text())
     losses = {}
     for name in ("gemms", "gemms_row_major", "cpkit", "cpkit_logprobs", "cce_compile",
-                 "cce_per_token", "eager", "checkpointed"):
+                 "cce_per_token", "eager", "checkpointed", "cpkit_policy",
+                 "cpkit_logprobs_policy", "cce_policy", "eager_policy"):
         entry = results[name]
         assert "error" not in entry, (name, entry)
         assert entry["seconds"] > 0 and entry["peak_mib"] >= 0, (name, entry)
@@ -28,7 +30,12 @@ def test_contenders_agree(tmp_path):
     eager = losses["eager"]
     assert math.isfinite(eager) and eager > 0, losses
     for name, loss in losses.items():  # NaN fails: comparisons with NaN are False
-        assert abs(loss - eager) <= 1e-5 * eager, losses
+        if not name.endswith("_policy"):
+            assert abs(loss - eager) <= 1e-5 * eager, losses
+    policy = losses["eager_policy"]  # the GRPO loss: one value from every contender
+    assert math.isfinite(policy), losses
+    for name in ("cpkit_policy", "cpkit_logprobs_policy", "cce_policy"):
+        assert abs(losses[name] - policy) <= 1e-5 * (1 + abs(policy)), losses
 
 
 def _bench_module():
