@@ -48,7 +48,7 @@ def _truth(hidden, weight, labels, valid, ids, x, o):
     ent = -(log_p.exp() * log_p).sum(-1)
     a, old, ref, sampler = (t.double() for t in x)
     seq = (torch.arange(B)[:, None] * (L + 1) + ids)[has]  # a (row, id) index per counted one
-    n_seq = torch.zeros(B * (L + 1), dtype=torch.float64).index_add(0, seq, torch.ones(len(seq)))
+    n_seq = torch.zeros(B * (L + 1), dtype=torch.float64).index_add(0, seq, torch.ones(len(seq), dtype=torch.float64))
     ratio = torch.exp(lp - old)[has]
     if o["kind"] == "gspo":
         sums = torch.zeros(B * (L + 1), dtype=torch.float64).index_add(0, seq, (lp - old)[has])
