@@ -30,6 +30,7 @@ OFFSETS = pathlib.Path(__file__).resolve().parent / "offsets"
 LINEAR = pathlib.Path(__file__).resolve().parent / "linear"
 LOGPROBS = pathlib.Path(__file__).resolve().parent / "logprobs"
 ATTENTION = pathlib.Path(__file__).resolve().parent / "attention"
+POLICY = pathlib.Path(__file__).resolve().parent / "policy"
 
 
 def padded_length(n, cp, pad_multiple, layout="contiguous"):
@@ -430,6 +431,91 @@ def make_attention_case(name, fmt, cp, rows, S, seed, hq, hkv, d, docs=None, mas
     return case
 
 
+def policy_objective(lp, ent, has, seq, x, o):
+    """docs/spec.md section 5c's J and each position's w * l, written out in torch from the
+    per-position log-probabilities lp and entropies ent [rows, S_pad] (fp64), the counted
+    positions `has`, their sequence index `seq` and the inputs x [4, rows, S_pad]."""
+    a, old, ref, sampler = x
+    n_seq = torch.zeros(seq.numel(), dtype=torch.float64).index_add(
+        0, seq[has], torch.ones(int(has.sum()), dtype=torch.float64))
+    ratio = torch.exp(lp - old)
+    if o["kind"] == "gspo":
+        sums = torch.zeros_like(n_seq).index_add(0, seq[has], (lp - old)[has])
+        ratio = torch.exp(sums / n_seq.clamp_min(1))[seq]
+    low, high = 1 - o["eps_low"], 1 + o["eps_high"]
+    if o["kind"] == "cispo":
+        pg = -ratio.clamp(low, high).detach() * a * lp
+    else:
+        pg = torch.maximum(-a * ratio, -a * ratio.clamp(low, high))
+        if o["dual_clip"] > 1:
+            pg = torch.where(a < 0, torch.minimum(pg, -o["dual_clip"] * a), pg)
+    if o["tis_cap"] > 0:
+        pg = pg * torch.exp(old - sampler).clamp(max=o["tis_cap"])
+    d = ref - lp
+    kl = {"k1": -d, "k2": d * d / 2, "k3": torch.exp(d) - d - 1}[o["kl"]]
+    loss = pg + o["kl_coef"] * kl - o["entropy_coef"] * ent
+    groups = float((n_seq > 0).sum())
+    w = {"token_mean": lambda: torch.full_like(lp, 1 / float(has.sum())),
+         "seq_mean_token_mean": lambda: 1 / (groups * n_seq.clamp_min(1)[seq]),
+         "seq_mean_token_sum": lambda: torch.full_like(lp, 1 / groups),
+         "constant": lambda: torch.full_like(lp, 1 / o["divisor"])}[o["aggregation"]]()
+    weighted = torch.where(has, w * loss, torch.zeros_like(lp))
+    return weighted.sum(), weighted, torch.where(has, ratio, torch.zeros_like(lp))
+
+
+def make_policy_case(name, fmt, cp, rows, S, vocab, hidden_size, seed, docs=None, ignore=(),
+                     layout_kind="contiguous", **policy):
+    """policy_loss (docs/spec.md section 5c) in fp64 on the unsharded batch: J from torch's
+    log_softmax and autograd's d J / d lp and d J / d entropy at every position; rank r's loss
+    is CP * the sum of w * l over its positions, its gradients CP * autograd of lp and entropy
+    weighted by those derivatives at its positions (d hidden there, its d weight)."""
+    o = dict(kind="ppo", eps_low=0.2, eps_high=0.2, dual_clip=0.0, kl="k3", kl_coef=0.0,
+             tis_cap=0.0, entropy_coef=0.0, aggregation="token_mean", divisor=0.0)
+    o.update(policy)
+    g = torch.Generator().manual_seed(seed)
+    inputs, s_pad, layout = layout_case(fmt, cp, rows, S, vocab, g, docs=docs, ignore=ignore,
+                                        layout=layout_kind)
+    (row_ids, streams, hf_labels), = layout
+    hidden = torch.randn(rows, s_pad, hidden_size, generator=g)
+    weight = torch.randn(vocab, hidden_size, generator=g) * (2.0 / math.sqrt(hidden_size))
+    x = torch.randn(4, rows, s_pad, generator=g, dtype=torch.float64)
+    x[1:] = x[1:] * 0.7 - math.log(vocab)
+    x = x.float().double()  # the values the file holds
+    h = hidden.double().requires_grad_(True)
+    w = weight.double().requires_grad_(True)
+    log_p = F.log_softmax(h @ w.T, dim=-1)
+    targets = torch.full((rows, s_pad), IGNORE)
+    targets[:, :S - 1] = hf_labels[:, 1:]
+    has = targets != IGNORE
+    lp = log_p.gather(-1, targets.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+    ent = -(log_p.exp() * log_p).sum(-1)
+    ids = torch.tensor([st["document_ids"] for st in streams])
+    seq = torch.arange(rows)[:, None] * (s_pad + 1) + ids
+    lp_leaf, ent_leaf = lp.detach().requires_grad_(True), ent.detach().requires_grad_(True)
+    J, weighted, ratio = policy_objective(lp_leaf, ent_leaf, has, seq, x, o)
+    g_lp, g_ent = torch.autograd.grad(J, (lp_leaf, ent_leaf))
+    slots = [v for v in inputs["seq_lens_padded"][0] if v != SENTINEL] if fmt == "thd" else None
+    ranks = []
+    for r, owned in enumerate(layout_positions(layout_kind, s_pad, cp, slots)):
+        mask = torch.zeros(rows, s_pad, dtype=torch.float64)
+        mask[:, owned] = cp
+        dh, dw = torch.autograd.grad((lp, ent), (h, w), (g_lp * mask, g_ent * mask),
+                                     retain_graph=True)
+        ranks.append({"rank": r, "positions": owned,
+                      "loss": float(weighted[:, owned].detach().sum()) * cp,
+                      "logprobs": rounded((lp.detach() * has)[:, owned].float()),
+                      "ratio": rounded(ratio[:, owned].detach().float()),
+                      "dhidden": rounded(dh[:, owned].float()), "dweight": rounded(dw.float())})
+    case = {"name": name, "format": fmt, "cp": cp, "num_chunks": 1, "pad_multiple": 1,
+            "pad_token_id": 0, "vocab": vocab, "hidden_size": hidden_size, "softcap": 0.0,
+            "layout": layout_kind, "policy": o,
+            "oracle": "torch fp64 log_softmax, the section 5c objective, autograd",
+            "inputs": inputs, "hidden": rounded(hidden), "weight": rounded(weight),
+            "per_position": rounded(x.float()), "ranks": ranks}
+    (POLICY / f"{name}.json").write_text(json.dumps(case, indent=1) + "\n")
+    return case
+
+
 def document_starts(docs, padding):
     """Where each token's attention document starts (docs/spec.md section 4a): a run of one
     document id; padding before the first real token of a run is its own document."""
@@ -573,6 +659,22 @@ def main():
                         layout_kind="balanced", window=40, sinks=True)
     make_attention_case("attention_bshd_cp4_head_tail_gqa", "bshd", cp=4, rows=1, S=13, seed=54,
                         hq=4, hkv=1, d=4, layout_kind="head_tail")
+    # The RL policy loss through the head (docs/spec.md section 5c): sequences cut across
+    # ranks, every kind and aggregation, DAPO's asymmetric clip, the dual clip, KL, TIS.
+    POLICY.mkdir(exist_ok=True)
+    make_policy_case("policy_bshd_cp2_ppo_dual_clip", "bshd", cp=2, rows=2, S=9, vocab=11,
+                     hidden_size=6, seed=60, ignore=[(1, 3)], dual_clip=3.0, kl="k3",
+                     kl_coef=0.05, eps_high=0.28)
+    make_policy_case("policy_thd_cp3_gspo_seq_mean", "thd", cp=3, rows=1, S=20, vocab=9,
+                     hidden_size=5, seed=61, docs=[[(8, 1), (0, 1), (9, 1)]], kind="gspo",
+                     aggregation="seq_mean_token_mean", entropy_coef=0.01)
+    make_policy_case("policy_thd_cp2_balanced_cispo_tis", "thd", cp=2, rows=1, S=301, vocab=7,
+                     hidden_size=4, seed=62, docs=[[(9, 1), (261, 2), (0, 1), (17, 0), (5, 1)]],
+                     layout_kind="balanced", kind="cispo", tis_cap=2.0, kl="k2", kl_coef=0.1,
+                     aggregation="seq_mean_token_sum")
+    make_policy_case("policy_thd_cp2_head_tail_constant", "thd", cp=2, rows=1, S=15, vocab=8,
+                     hidden_size=4, seed=63, docs=[[(11, 0), (3, 1)]], layout_kind="head_tail",
+                     aggregation="constant", divisor=20.0, kl="k1", kl_coef=0.1)
     print(f"wrote {len(list(OUT.glob('*.json')))} cases to {OUT}")
 
 

@@ -182,6 +182,30 @@ AttentionCase load_attention_case(const std::string& name) {
   return c;
 }
 
+PolicyCase load_policy_case(const std::string& name) {
+  std::ifstream in(std::string(CPKIT_GOLDEN_POLICY_DIR) + "/" + name + ".json");
+  if (!in) throw std::runtime_error("golden policy case " + name + " not found");
+  const Json j = Json::parse(in);
+  PolicyCase c;
+  c.batch = batch_of(j);
+  c.policy = j.at("policy");
+  c.hidden = j.at("hidden").get<Floats3>();
+  c.weight = j.at("weight").get<Floats2>();
+  c.per_position = j.at("per_position").get<Floats3>();
+  for (const Json& r : j.at("ranks")) {
+    PolicyRank e;
+    e.rank = r.at("rank");
+    e.positions = r.at("positions").get<std::vector<std::int64_t>>();
+    e.loss = r.at("loss");
+    e.logprobs = r.at("logprobs").get<Floats2>();
+    e.ratio = r.at("ratio").get<Floats2>();
+    e.dhidden = r.at("dhidden").get<Floats3>();
+    e.dweight = r.at("dweight").get<Floats2>();
+    c.ranks.push_back(e);
+  }
+  return c;
+}
+
 OffsetsCase load_offsets_case(const std::string& name) {
   std::ifstream in(std::string(CPKIT_GOLDEN_OFFSETS_DIR) + "/" + name + ".json");
   if (!in) throw std::runtime_error("golden offsets case " + name + " not found");

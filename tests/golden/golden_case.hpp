@@ -126,6 +126,26 @@ struct AttentionCase {
 };
 AttentionCase load_attention_case(const std::string& name);
 
+// golden/policy: policy_loss over one microbatch. per_position [4][rows][S_pad]: advantages,
+// old, reference and sampler log-probabilities; a rank's values are those of its positions.
+struct PolicyRank {
+  int rank = 0;
+  std::vector<std::int64_t> positions;
+  double loss = 0;
+  Floats2 logprobs, ratio;  // [rows][L]
+  Floats3 dhidden;          // [rows][L][H]
+  Floats2 dweight;          // [V][H]
+};
+struct PolicyCase {
+  GoldenCase batch;
+  Json policy;     // kind, eps_low, eps_high, dual_clip, kl, kl_coef, tis_cap, entropy_coef, ...
+  Floats3 hidden;  // [rows][S_pad][H]
+  Floats2 weight;  // [V][H]
+  Floats3 per_position;  // [4][rows][S_pad]
+  std::vector<PolicyRank> ranks;
+};
+PolicyCase load_policy_case(const std::string& name);
+
 // FP32 oracle vs cpkit: losses and gradients within these.
 inline constexpr double kGoldenLossRtol = 1e-5;
 inline constexpr double kGoldenGradAtol = 1e-6;

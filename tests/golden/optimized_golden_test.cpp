@@ -11,6 +11,7 @@
 #include "cpkit/optimized/cp_attention.hpp"
 #include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
+#include "cpkit/optimized/policy_loss.hpp"
 #include "cpkit/optimized/sharder.hpp"
 #include "cpkit/optimized/token_logprobs.hpp"
 #include "golden_case.hpp"
@@ -340,6 +341,64 @@ TEST_P(OptimizedAttentionGolden, MatchesTheOracleOnRealRanks) {
 
 INSTANTIATE_TEST_SUITE_P(Attention, OptimizedAttentionGolden,
                          ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_ATTENTION_DIR)));
+
+class OptimizedPolicyGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OptimizedPolicyGolden, MatchesTheOracleOnRealRanks) {
+  const PolicyCase c = load_policy_case(GetParam());
+  const auto outcomes = ranks::run_ranks_collect(c.batch.cp, [&c](int rank, const MeshPtr& mesh) {
+    const Sharder s = prepare(c.batch, mesh);
+    const LocalShard l = s.local(0);
+    const std::vector<std::int64_t> positions = layout_positions(*l.layout.plan, rank);
+    const PolicyRank& e = c.ranks[static_cast<std::size_t>(rank)];
+    if (positions != e.positions)
+      return std::string("the shard's positions are not the oracle's\n");
+    const int64_t rows = l.labels.size(0), L = l.layout.local_len;
+    const at::Tensor hidden =
+        floats(at_positions(c.hidden, positions)).view({rows, L, -1}).requires_grad_(true);
+    const at::Tensor weight = floats(c.weight).requires_grad_(true);
+    std::vector<at::Tensor> x;
+    for (const Floats2& input : c.per_position) {
+      Floats2 mine;
+      for (const auto& row : input)
+        for (const std::int64_t j : positions) mine.push_back({row[static_cast<std::size_t>(j)]});
+      x.push_back(floats(mine).view({rows, L}));
+    }
+    const Json& p = c.policy;
+    PolicyLossOptions o;
+    o.kind = parse_policy_kind(p.at("kind"));
+    o.eps_low = p.at("eps_low");
+    o.eps_high = p.at("eps_high");
+    o.dual_clip = p.at("dual_clip");
+    o.kl = parse_kl_estimator(p.at("kl"));
+    o.kl_coef = p.at("kl_coef");
+    o.tis_cap = p.at("tis_cap");
+    o.entropy_coef = p.at("entropy_coef");
+    o.aggregation = parse_policy_aggregation(p.at("aggregation"));
+    o.divisor = p.at("divisor");
+    o.layout = l.layout.plan;
+    const PolicyLoss r = policy_loss(hidden, weight, l.labels, l.valid, mesh,
+                                     {x[0], x[1], x[2], x[3], l.document_ids}, o);
+    r.loss.backward();
+    std::string out;
+    if (!harness::is_close(r.loss.item<double>(), e.loss, kGoldenGradAtol, kGoldenLossRtol))
+      out +=
+          "loss " + std::to_string(r.loss.item<double>()) + " vs " + std::to_string(e.loss) + "\n";
+    out += first_difference(r.logprobs, floats(e.logprobs), "logprobs");
+    out += first_difference(r.ratio, floats(e.ratio), "ratio");
+    out += first_difference(hidden.grad(), floats(flattened(e.dhidden)).view({rows, L, -1}),
+                            "d hidden");
+    out += first_difference(weight.grad(), floats(e.dweight), "d weight");
+    return out;
+  });
+  for (const auto& o : outcomes) {
+    EXPECT_TRUE(o.ok) << "rank " << o.rank << ": " << o.message;
+    EXPECT_EQ(o.output, "") << "rank " << o.rank << ":\n" << o.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policy, OptimizedPolicyGolden,
+                         ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_POLICY_DIR)));
 
 }  // namespace
 }  // namespace cpkit::golden

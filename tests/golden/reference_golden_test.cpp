@@ -355,5 +355,68 @@ TEST_P(ReferenceAttentionGolden, ReproducesTheOracle) {
 INSTANTIATE_TEST_SUITE_P(Attention, ReferenceAttentionGolden,
                          ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_ATTENTION_DIR)));
 
+// golden/policy: the reference's policy loss against fp64 autograd of the section 5c objective.
+class ReferencePolicyGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReferencePolicyGolden, ReproducesTheOracle) {
+  const PolicyCase c = load_policy_case(GetParam());
+  const ref::Sharder s = prepare(c.batch);
+  const Json& p = c.policy;
+  ref::PolicyLossOptions o;
+  o.kind = p.at("kind");
+  o.eps_low = p.at("eps_low");
+  o.eps_high = p.at("eps_high");
+  o.dual_clip = p.at("dual_clip");
+  o.kl = p.at("kl");
+  o.kl_coef = p.at("kl_coef");
+  o.tis_cap = p.at("tis_cap");
+  o.entropy_coef = p.at("entropy_coef");
+  o.aggregation = p.at("aggregation");
+  o.divisor = p.at("divisor");
+  o.cp = c.batch.cp;
+  o.layout = c.batch.layout == "contiguous" ? ref::LayoutPositions{} : s.global(0).owned;
+  std::vector<ref::PolicyRankInputs> ranks;
+  for (const PolicyRank& e : c.ranks) {
+    const ref::LocalShard l = s.local(0, e.rank);
+    ASSERT_EQ(l.layout.positions, e.positions) << "rank " << e.rank;
+    Floats2 mine;
+    ref::PolicyRankInputs r;
+    std::vector<double>* values[] = {&r.advantages, &r.old_logprobs, &r.ref_logprobs,
+                                     &r.sampler_logprobs};
+    for (std::size_t b = 0; b < c.hidden.size(); ++b)
+      for (const std::int64_t j : e.positions) {
+        mine.push_back(c.hidden[b][static_cast<std::size_t>(j)]);
+        for (std::size_t k = 0; k < 4; ++k)
+          values[k]->push_back(c.per_position[k][b][static_cast<std::size_t>(j)]);
+      }
+    r.hidden = matrix(mine);
+    r.labels = l.labels;
+    r.valid = l.valid;
+    for (Eigen::Index b = 0; b < l.document_ids.rows(); ++b)
+      for (Eigen::Index j = 0; j < l.document_ids.cols(); ++j)
+        r.sequence_ids.push_back(l.document_ids(b, j));
+    ranks.push_back(r);
+  }
+  const auto got = ref::policy_loss(ranks, matrix(c.weight), o);
+  for (const PolicyRank& e : c.ranks) {
+    const auto& r = got[static_cast<std::size_t>(e.rank)];
+    const std::string at = "rank " + std::to_string(e.rank);
+    EXPECT_NEAR(r.loss, e.loss, kGoldenLossRtol * (1 + std::abs(e.loss))) << at;
+    const std::vector<double> lp = flat(e.logprobs), ratio = flat(e.ratio);
+    ASSERT_EQ(r.logprobs.size(), lp.size()) << at;
+    for (std::size_t i = 0; i < lp.size(); ++i) {
+      EXPECT_NEAR(r.logprobs[i], lp[i], kGoldenLossRtol * (1 + std::abs(lp[i]))) << at;
+      EXPECT_NEAR(r.ratio[i], ratio[i], kGoldenLossRtol * (1 + std::abs(ratio[i]))) << at;
+    }
+    Floats2 dhidden;
+    for (const auto& row : e.dhidden) dhidden.insert(dhidden.end(), row.begin(), row.end());
+    EXPECT_TRUE(close(r.grad_hidden, matrix(dhidden))) << "d hidden " << at;
+    EXPECT_TRUE(close(r.grad_weight, matrix(e.dweight))) << "d weight " << at;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policy, ReferencePolicyGolden,
+                         ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_POLICY_DIR)));
+
 }  // namespace
 }  // namespace cpkit::golden
