@@ -1,7 +1,8 @@
 // SPEC 5c on the optimized path in real rank processes: policy_loss against the reference's
 // full logits, for every kind, aggregation and KL estimator, truncated importance sampling,
 // the entropy bonus and the dual clip, BSHD and packed batches (sequences cut across ranks),
-// every layout, CP 1-8: the loss, the per-position values and both gradients. A case whose
+// every layout, CP 1-8, float32 and bfloat16 heads (logits_precision fp32): the loss, the
+// per-position values and both gradients. A case whose
 // ratio lies within 1e-3 of a clip bound is discarded (float32 and double may pick different
 // sides of the kink there).
 #include <gtest/gtest.h>
@@ -31,33 +32,45 @@ struct PolicyParams {
   int kind = 0, kl = 2, aggregation = 0;
   double kl_coef = 0, tis_cap = 0, entropy_coef = 0, dual_clip = 0, eps_high = 0.2;
   int chunk_rows = 0;
+  int bf16 = 0;  // 1: hidden and the head in bfloat16 (the reference reads the same values)
 };
 
 std::ostream& operator<<(std::ostream& os, const PolicyParams& p) {
   return os << p.hidden << "," << p.kind << "," << p.kl << "," << p.aggregation << "," << p.kl_coef
             << "," << p.tis_cap << "," << p.entropy_coef << "," << p.dual_clip << "," << p.eps_high
-            << "," << p.chunk_rows;
+            << "," << p.chunk_rows << "," << p.bf16;
 }
 
 std::istream& operator>>(std::istream& in, PolicyParams& p) {
   std::string text;
   in >> text;
-  std::sscanf(text.c_str(), "%d,%d,%d,%d,%lf,%lf,%lf,%lf,%lf,%d", &p.hidden, &p.kind, &p.kl,
+  std::sscanf(text.c_str(), "%d,%d,%d,%d,%lf,%lf,%lf,%lf,%lf,%d,%d", &p.hidden, &p.kind, &p.kl,
               &p.aggregation, &p.kl_coef, &p.tis_cap, &p.entropy_coef, &p.dual_clip, &p.eps_high,
-              &p.chunk_rows);
+              &p.chunk_rows, &p.bf16);
   return in;
 }
 
 constexpr double kDivisor = 17.0;
 
+// Rounded to bfloat16 when the case asks (every bf16 value is a float: both sides read them).
+reference::FloatMatrix in_precision(reference::FloatMatrix x, const PolicyParams& p) {
+  if (p.bf16)
+    for (Eigen::Index i = 0; i < x.size(); ++i)
+      x.data()[i] = static_cast<float>(c10::BFloat16(x.data()[i]));
+  return x;
+}
+
 reference::FloatMatrix global_hidden(const auto& c, const PolicyParams& p, Eigen::Index rows,
                                      Eigen::Index padded_len, int m) {
-  return random_floats(rows * padded_len, p.hidden, 1.0f, input_seed(c.seed, Input::kHidden, m));
+  return in_precision(
+      random_floats(rows * padded_len, p.hidden, 1.0f, input_seed(c.seed, Input::kHidden, m)), p);
 }
 
 reference::FloatMatrix head_weight(const auto& c, const PolicyParams& p) {
-  return random_floats(c.vocab, p.hidden, static_cast<float>(2.0 / std::sqrt(p.hidden)),
-                       input_seed(c.seed, Input::kHeadWeight));
+  return in_precision(
+      random_floats(c.vocab, p.hidden, static_cast<float>(2.0 / std::sqrt(p.hidden)),
+                    input_seed(c.seed, Input::kHeadWeight)),
+      p);
 }
 
 // [rows * S_pad, 4]: advantages N(0, 1), then old, reference and sampler log-probabilities
@@ -98,11 +111,13 @@ std::string policy_task(const Case& c, const Sharder& sharder, const PolicyParam
   for (int m = 0; m < sharder.num_microbatches(); ++m) {
     const LocalShard s = sharder.local(m);
     const int64_t rows = s.labels.size(0), S = s.layout.padded_len;
+    const auto dtype = p.bf16 ? at::kBFloat16 : at::kFloat;
     const at::Tensor hidden =
         mine(to_tensor(global_hidden(c, p, rows, S, m)).view({rows, S, p.hidden}), s)
+            .to(dtype)
             .requires_grad_(true);
     const at::Tensor x = mine(to_tensor(global_inputs(c, rows, S, m)).view({rows, S, 4}), s);
-    const at::Tensor weight = to_tensor(head_weight(c, p)).requires_grad_(true);
+    const at::Tensor weight = to_tensor(head_weight(c, p)).to(dtype).requires_grad_(true);
     PolicyLossOptions options = options_of(p);
     options.layout = s.layout.plan;
     const PolicyLossInputs inputs{x.select(2, 0), x.select(2, 1), x.select(2, 2), x.select(2, 3),
@@ -116,8 +131,8 @@ std::string policy_task(const Case& c, const Sharder& sharder, const PolicyParam
     out.add(key + ".clipped", r.clipped.reshape({-1}));
     out.add(key + ".kl", r.kl.reshape({-1}));
     out.add(key + ".entropy", r.entropy.reshape({-1}));
-    out.add(key + ".dhidden", grads[0].reshape({-1, p.hidden}));
-    out.add(key + ".dweight", grads[1]);
+    out.add(key + ".dhidden", grads[0].reshape({-1, p.hidden}).to(at::kFloat));
+    out.add(key + ".dweight", grads[1].to(at::kFloat));
   }
   return out.serialise();
 }
@@ -213,9 +228,11 @@ void check_policy(const Case& c, const reference::Sharder& s, const RankTask& ta
       require_near(b.get(key + ".clipped"), doubles(want.clipped), 0, 0, "clipped" + where);
       require_near(b.get(key + ".kl"), doubles(want.kl), 1e-5, 1e-4, "kl" + where);
       require_near(b.get(key + ".loss"), doubles({want.loss}), 1e-5, 1e-4, "loss" + where);
-      require_near(b.get(key + ".dhidden"), to_tensor(want.grad_hidden), 1e-5, 1e-3,
+      // bf16 gradients are the fp32 ones rounded once (8 bits of mantissa: 2^-8 relative).
+      const double grad_rtol = p.bf16 ? 8e-3 : 1e-3;
+      require_near(b.get(key + ".dhidden"), to_tensor(want.grad_hidden), 1e-5, grad_rtol,
                    "d hidden" + where);
-      require_near(b.get(key + ".dweight"), to_tensor(want.grad_weight), 1e-5, 1e-3,
+      require_near(b.get(key + ".dweight"), to_tensor(want.grad_weight), 1e-5, grad_rtol,
                    "d weight" + where);
     }
 }
@@ -233,6 +250,7 @@ rc::Gen<PolicyParams> gen_policy_params() {
     p.dual_clip = *rc::gen::element(0.0, 3.0);
     p.eps_high = *rc::gen::element(0.2, 0.28);
     p.chunk_rows = *rc::gen::element(0, 1, *rc::gen::inRange(1, 40));
+    p.bf16 = *rc::gen::element(0, 0, 1);
     return p;
   });
 }
