@@ -4,7 +4,8 @@ Every case builds a tiny HF causal LM (config only) and an identical copy: the c
 this process on the whole batch with HF's own attention ("sdpa") and loss; the model made
 context-parallel by cpkit.integrations.transformers runs on this rank's shard. Each rank's
 loss averaged over the CP group, and its gradients averaged the same way (what FSDP does),
-must equal the single-process loss and gradients. Prints "all checks passed" at the end."""
+must equal the single-process loss and gradients; the same for one GRPO update through the
+policy loss. Prints "all checks passed" at the end."""
 
 from __future__ import annotations
 
@@ -110,6 +111,64 @@ def check(case: str, mesh, model_name: str, batch: dict, layout: str, loss: str,
         print(f"{case}: relative error {worst:.2e}", flush=True)
 
 
+def grpo_batch(model, seed: int) -> dict:
+    """A group of 4 responses (6 prompt tokens, 15 response tokens), group-normalised rewards
+    as each response token's advantage, and old log-probabilities near the model's own (the
+    policy moved a little since the rollout): [B, S] like labels."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (1, 6), generator=g).repeat(4, 1)
+    ids = torch.cat([ids, torch.randint(0, VOCAB, (4, 15), generator=g)], 1)
+    labels = ids.clone()
+    labels[:, :6] = -100
+    reward = (ids[:, 6:] % 3 == 0).float().mean(1)
+    advantages = ((reward - reward.mean()) / (reward.std() + 1e-6))[:, None].expand(4, 21)
+    with torch.no_grad():
+        lp = torch.log_softmax(model(input_ids=ids, use_cache=False).logits.double(), -1)
+    old = torch.zeros(4, 21)
+    old[:, 1:] = lp[:, :-1].gather(-1, ids[:, 1:, None])[..., 0].float()
+    old += 0.3 * torch.randn(4, 21, generator=g)
+    return {"input_ids": ids, "labels": labels, "advantages": advantages.contiguous(),
+            "old_logprobs": old}
+
+
+def grpo_loss(model, batch: dict) -> torch.Tensor:
+    """The GRPO objective in one process from HF's logits: DAPO's clip (0.2, 0.28), token mean
+    over the response tokens; token t's log-probability predicted at t - 1."""
+    logits = model(input_ids=batch["input_ids"], use_cache=False).logits
+    lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(
+        -1, batch["input_ids"][:, 1:, None])[..., 0]
+    mask = batch["labels"][:, 1:] != -100
+    a, ratio = batch["advantages"][:, 1:], torch.exp(lp - batch["old_logprobs"][:, 1:])
+    pg = torch.maximum(-a * ratio, -a * ratio.clamp(0.8, 1.28))
+    return pg[mask].mean()
+
+
+def check_grpo(case: str, mesh, layout: str, attention: str) -> None:
+    """One GRPO update under CP equals it in one process: the policy loss through
+    model(**shard, policy=...) against the objective written from HF's logits."""
+    cp = dist.get_world_size()
+    torch.manual_seed(0)
+    reference = family("llama")
+    model = copy.deepcopy(reference)
+    batch = grpo_batch(reference, 5)
+    loss_one = grpo_loss(reference, batch)
+    loss_one.backward()
+    cp_hf.apply(model, mesh, attention=attention)
+    out = model(**cp_hf.shard_batch(batch, mesh, layout=layout),
+                policy={"kind": "ppo", "eps_low": 0.2, "eps_high": 0.28})
+    out.loss.backward()
+    got = out.loss.detach().clone()
+    dist.all_reduce(got)
+    errors = [abs(float(got) / cp - float(loss_one)) / abs(float(loss_one))]
+    for a, b in zip(model.parameters(), reference.parameters()):
+        dist.all_reduce(a.grad)
+        errors.append(float((a.grad / cp - b.grad).abs().max()) / (float(b.grad.abs().max()) + 1e-12))
+    bad = [e for e in errors if not e <= 2e-5]  # NaN fails
+    assert not bad, f"{case}: relative errors {bad[:4]} (loss {errors[0]:.3e})"
+    if dist.get_rank() == 0:
+        print(f"{case}: relative error {max(errors):.2e}", flush=True)
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     cp = dist.get_world_size()
@@ -129,6 +188,10 @@ def main() -> None:
           "fused", "cpkit")
     check("llama BSHD left padding cpkit attention", mesh, "llama", padded_rows(2), "contiguous",
           "fused", "cpkit")
+    # An RL step: the GRPO policy loss through the integration, DAPO's clip, every layout.
+    for layout in ("contiguous", "head_tail"):
+        check_grpo(f"llama GRPO step {layout}", mesh, layout, "sdpa")
+    check_grpo("llama GRPO step cpkit attention", mesh, "contiguous", "cpkit")
     _hf_attention.varlen_attn = reference_varlen
     for layout in ("contiguous", "balanced"):
         check(f"llama varlen offsets {layout}", mesh, "llama", flat, layout, "fused", "varlen")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 
 import pytest
@@ -21,7 +22,7 @@ EXAMPLE = HERE.parents[1] / "examples" / "python" / "train_hf_llama.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
              num_attention_heads=2, num_key_value_heads=1, attn_implementation="sdpa")
-CASES = 15  # the check() calls in hf_worker.main
+CASES = 18  # the check() and check_grpo() calls in hf_worker.main
 
 
 def _torchrun(torchrun, procs: int, *args: str) -> str:
@@ -139,6 +140,9 @@ def test_bad_calls_are_named(world1):
             "labels": torch.ones(2, 4, dtype=torch.long)}
     _raises("argument 'attention': \"varlen\" needs packed documents",
             varlen, **cp_hf.shard_batch(rows, world1))
+    _raises("argument 'old_logprobs': is missing: a policy loss needs", model,
+            **cp_hf.shard_batch({**batch, "advantages": torch.zeros(batch["labels"].shape)},
+                                world1), policy={"kind": "ppo"})
 
 
 def test_bad_batches_are_named():
@@ -153,6 +157,8 @@ def test_bad_batches_are_named():
             {**plain, "pixel_values": torch.zeros(1, 3)}, None)
     _raises("argument 'labels': must be a tensor, got list", cp_hf.shard_batch,
             {"input_ids": ids, "labels": [1] * 6}, None)
+    _raises(re.escape("argument 'advantages': must be [B, S] like labels [1, 6], got [1, 5]"),
+            cp_hf.shard_batch, {**plain, "advantages": torch.zeros(1, 5)}, None)
     flat = _flat()
     _raises("argument 'attention_mask': packed documents take no attention_mask",
             cp_hf.shard_batch, {**flat, "attention_mask": torch.ones_like(flat["input_ids"])},

@@ -18,6 +18,9 @@ from .._mesh import Mesh, group_name
 _COLLATOR_EXTRAS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 _FIELDS = ("input_ids", "inputs_embeds", "labels", "attention_mask", "position_ids",
            "seq_lens", "seq_lens_padded")
+# An RL batch's per-token values, [B, S] like labels (the value of the token at t); the shard
+# holds them prediction-aligned for cpkit.policy_loss (docs/spec.md section 5c).
+POLICY_FIELDS = ("advantages", "old_logprobs", "ref_logprobs", "sampler_logprobs")
 
 
 def _restarts(position_ids: torch.Tensor) -> bool:
@@ -45,11 +48,15 @@ def cp_batch(batch: dict, packed: bool | None) -> dict:
     """A collator's dict -> cpkit's batch (``qkv_format`` "thd" for packed documents).
     ``packed``: None decides from the batch; True requires documents; False treats rows as
     independent sequences (position_ids pass through as the model's positions)."""
-    unknown = sorted(set(batch) - set(_FIELDS) - set(_COLLATOR_EXTRAS))
+    unknown = sorted(set(batch) - set(_FIELDS) - set(_COLLATOR_EXTRAS) - set(POLICY_FIELDS))
     if unknown:
         raise_error(unknown[0], f"is not a field shard_batch takes ({', '.join(_FIELDS)} and "
                     f"DataCollatorWithFlattening's {', '.join(_COLLATOR_EXTRAS)})")
     fields = {k: v for k, v in batch.items() if k in _FIELDS and v is not None}
+    for key in POLICY_FIELDS:
+        if batch.get(key) is not None and batch[key].shape != batch["labels"].shape:
+            raise_error(key, f"must be [B, S] like labels {list(batch['labels'].shape)}, got "
+                        f"{list(batch[key].shape)}")
     for key, value in fields.items():
         if not isinstance(value, torch.Tensor):
             raise_error(key, f"must be a tensor, got {type(value).__name__}")
@@ -79,6 +86,22 @@ def cp_batch(batch: dict, packed: bool | None) -> dict:
     return {**fields, "qkv_format": "thd"}
 
 
+def _policy_values(batch: dict, positions: torch.Tensor, labels: torch.Tensor) -> dict:
+    """The batch's per-token RL values at this rank's positions, prediction-aligned: position
+    j holds the value of the token at j + 1, the one it predicts. The shift happens on the
+    whole batch, before the cut, so no value crosses a shard boundary wrongly."""
+    out = {}
+    for key in POLICY_FIELDS:
+        value = batch.get(key)
+        if value is None:
+            continue
+        rows, length = value.shape
+        shifted = torch.zeros(rows, max(length, int(positions.max()) + 1), dtype=torch.float32)
+        shifted[:, :length - 1] = value[:, 1:].float()
+        out[key] = shifted[:, positions].contiguous().to(labels.device)
+    return out
+
+
 def shard_batch(batch: dict, mesh: Mesh, *, layout: str = "contiguous",
                 packed: bool | None = None, pad_token_id: int = 0) -> dict:
     """This rank's keyword arguments for a model made context-parallel by ``apply``:
@@ -87,7 +110,9 @@ def shard_batch(batch: dict, mesh: Mesh, *, layout: str = "contiguous",
     ``batch``: what an HF collator returns (``input_ids``, ``labels``, optional
     ``attention_mask`` or ``position_ids``), packed documents by ``seq_lens`` or by
     ``position_ids`` restarting at 0 (``DataCollatorWithFlattening``). ``layout``:
-    "contiguous", "head_tail" or "balanced" (packed documents; docs/spec.md 2b)."""
+    "contiguous", "head_tail" or "balanced" (packed documents; docs/spec.md 2b). An RL batch
+    adds ``advantages`` and ``old_logprobs`` (optionally ``ref_logprobs``,
+    ``sampler_logprobs``), ``[B, S]`` like ``labels``, for ``model(**shard, policy={...})``."""
     converted = cp_batch(batch, packed)
     prepare = prepare_packed_cp_inputs if converted["qkv_format"] == "thd" else prepare_cp_inputs
     sharder = prepare(converted, 1, mesh=mesh, pad_token_id=pad_token_id, layout=layout)
@@ -97,6 +122,7 @@ def shard_batch(batch: dict, mesh: Mesh, *, layout: str = "contiguous",
            "labels": local.pop("labels")}
     local.update(group=group_name(mesh), rank=sharder.rank, cp=sharder.cp_size,
                  packed=converted["qkv_format"] == "thd",
-                 attention_plan=functools.partial(sharder.attention_plan, 0))
+                 attention_plan=functools.partial(sharder.attention_plan, 0),
+                 policy=_policy_values(batch, sharder.positions(0), out["labels"]))
     out["cpkit_shard"] = local
     return out

@@ -22,7 +22,7 @@ import types
 
 import torch
 
-from .._api import shifted_cp_linear_loss, shifted_cp_loss
+from .._api import policy_loss, shifted_cp_linear_loss, shifted_cp_loss
 from .._errors import raise_error, translate
 from .._mesh import Mesh, group_name
 from ._hf_attention import BACKENDS, NAME, attention_context, cp_attention, varlen_attn
@@ -96,11 +96,21 @@ def _backend(settings, shard: dict, hidden_dtype: torch.dtype, device: torch.dev
     return "varlen" if runs else "cpkit"
 
 
+def _head_weight(head) -> torch.Tensor:
+    """The head's weight as the fused losses read it (whole, not an FSDP2 shard)."""
+    if hasattr(head.weight, "full_tensor"):  # still an FSDP2 shard (a DTensor)
+        raise_error("model", "lm_head.weight is a DTensor during the forward: fully_shard the "
+                    "model's root (it unshards the head for the fused loss), not lm_head alone")
+    return head.weight
+
+
 @translate
 def _forward(self, input_ids=None, position_ids=None, labels=None, cpkit_shard=None,
-             inputs_embeds=None, attention_mask=None, **kwargs):
+             inputs_embeds=None, attention_mask=None, policy=None, **kwargs):
     """The forward ``apply`` installs: this rank's shard through the base model, then the
-    CP loss with the shard's layout."""
+    CP loss with the shard's layout. ``policy`` (a dict of ``cpkit.policy_loss`` options:
+    ``kind``, ``eps_low``, ``aggregation``, ``kl_coef``, ``dp_mesh``, ...) makes the loss the
+    RL policy loss over the batch's ``advantages`` and ``old_logprobs`` (shard_batch)."""
     settings = self.cpkit_settings
     if cpkit_shard is None:
         raise_error("cpkit_shard", "is missing: call a model made context-parallel by "
@@ -120,6 +130,19 @@ def _forward(self, input_ids=None, position_ids=None, labels=None, cpkit_shard=N
     head = self.get_output_embeddings()
     softcap = float(getattr(self.config, "final_logit_softcapping", None) or 0.0)
     valid, layout = cpkit_shard["valid"], cpkit_shard["layout"]
+    if policy is not None:
+        values = cpkit_shard["policy"]
+        for key in ("advantages", "old_logprobs"):
+            if key not in values:
+                raise_error(key, "is missing: a policy loss needs the batch's advantages and "
+                            "old_logprobs ([B, S] like labels) passed to shard_batch")
+        out = policy_loss(hidden, _head_weight(head), labels, valid, values["advantages"],
+                          values["old_logprobs"], settings.mesh,
+                          ref_logprobs=values.get("ref_logprobs"),
+                          sampler_logprobs=values.get("sampler_logprobs"),
+                          sequence_ids=cpkit_shard["document_ids"], softcap=softcap,
+                          chunk_rows=settings.chunk_rows, layout=layout, **policy)
+        return CausalLMOutputWithPast(loss=out.loss, logits=None)
     if labels is None or settings.loss == "logits":
         raw = head(hidden)
         loss = None
@@ -127,9 +150,6 @@ def _forward(self, input_ids=None, position_ids=None, labels=None, cpkit_shard=N
             loss = shifted_cp_loss(raw.float(), labels, valid, settings.mesh, softcap, layout)
         logits = softcap * torch.tanh(raw / softcap) if softcap else raw
         return CausalLMOutputWithPast(loss=loss, logits=logits)
-    if hasattr(head.weight, "full_tensor"):  # still an FSDP2 shard (a DTensor)
-        raise_error("model", "lm_head.weight is a DTensor during the forward: fully_shard the "
-                    "model's root (it unshards the head for the fused loss), not lm_head alone")
-    loss = shifted_cp_linear_loss(hidden, head.weight, labels, valid, settings.mesh, softcap,
-                                  settings.chunk_rows, layout)
+    loss = shifted_cp_linear_loss(hidden, _head_weight(head), labels, valid, settings.mesh,
+                                  softcap, settings.chunk_rows, layout)
     return CausalLMOutputWithPast(loss=loss, logits=None)
