@@ -29,7 +29,10 @@ runs R times (each sweep in a rotated order), its time is the median over rounds
 ratio the median of the ratios within a round (this host's speed drifts by 10-20 % over
 minutes). Memory: the largest over rounds of the peak resident set above the
 one after that step (freed memory returned to the OS first, so it counts only what a step
-holds at once; inputs and the weight's gradient from the previous step excluded).
+holds at once; inputs and the weight's gradient from the previous step excluded); and
+`first_step_peak_mib`, the first step's peak above the resident set before it (what a
+trainer sees on its first step: one-time buffers, compilation and the weight's gradient
+included).
 
 Usage: <torch venv>/bin/python bench/head_bench.py [--T 2048 --H 512 --V 131072] [--rounds 3]
        [--out F]
@@ -183,7 +186,12 @@ def step_of(name: str, hidden, weight, labels):
 def measure(name: str, T: int, H: int, V: int, repeats: int) -> dict:
     hidden, weight, labels = inputs(T, H, V)
     step = step_of(name, hidden, weight, labels)
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    before_first = rss_kib("VmRSS")
+    pathlib.Path("/proc/self/clear_refs").write_text("5")
     first = step()  # untimed: compilation, caches
+    first_peak = (rss_kib("VmHWM") - before_first) / 1024
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     base = rss_kib("VmRSS")
@@ -193,7 +201,8 @@ def measure(name: str, T: int, H: int, V: int, repeats: int) -> dict:
         start = time.perf_counter()
         step()
         samples.append(time.perf_counter() - start)
-    out = {"seconds": statistics.median(samples), "peak_mib": (rss_kib("VmHWM") - base) / 1024}
+    out = {"seconds": statistics.median(samples), "peak_mib": (rss_kib("VmHWM") - base) / 1024,
+           "first_step_peak_mib": first_peak}
     if first is not None:
         out["loss"] = float(first.detach())
     return out
@@ -212,7 +221,8 @@ def summarise(rounds: dict) -> dict:
             continue
         results[name] = {"seconds": statistics.median(run["seconds"] for run in runs),
                          "seconds_by_round": [run["seconds"] for run in runs],
-                         "peak_mib": max(run["peak_mib"] for run in runs)}
+                         "peak_mib": max(run["peak_mib"] for run in runs),
+                         "first_step_peak_mib": max(run["first_step_peak_mib"] for run in runs)}
         if "loss" in runs[0]:
             results[name]["loss"] = runs[0]["loss"]
 
