@@ -135,9 +135,11 @@ def _times_upstream(grad: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
     return grad * upstream
 
 
-def _linear_loss_backward(ctx: Any, grad_loss: torch.Tensor, _dh: Any, _dw: Any) -> tuple:
+def _head_gradients(ctx: Any, grad_loss: Any, inputs: int) -> tuple:
+    """A fused head op's backward: the forward's d hidden and d weight times the loss's
+    upstream, then None for its other `inputs - 2` inputs."""
     dh, dw = ctx.saved_tensors
-    none = (None,) * 9
+    none = (None,) * (inputs - 2)
     if grad_loss is None:
         return (None, None) + none
     want_hidden, want_weight = ctx.wanted
@@ -145,6 +147,10 @@ def _linear_loss_backward(ctx: Any, grad_loss: torch.Tensor, _dh: Any, _dw: Any)
         _times_upstream(dh, grad_loss) if want_hidden else None,
         _times_upstream(dw, grad_loss) if want_weight else None,
     ) + none
+
+
+def _linear_loss_backward(ctx: Any, grad_loss: torch.Tensor, _dh: Any, _dw: Any) -> tuple:
+    return _head_gradients(ctx, grad_loss, 11)
 
 
 torch.library.register_autograd(
@@ -225,15 +231,7 @@ def _policy_loss_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 
 def _policy_loss_backward(ctx: Any, grad_loss: Any, *_rest: Any) -> tuple:
-    dh, dw = ctx.saved_tensors
-    none = (None,) * 26
-    if grad_loss is None:
-        return (None, None) + none
-    want_hidden, want_weight = ctx.wanted
-    return (
-        _times_upstream(dh, grad_loss) if want_hidden else None,
-        _times_upstream(dw, grad_loss) if want_weight else None,
-    ) + none
+    return _head_gradients(ctx, grad_loss, 28)
 
 
 torch.library.register_autograd(
