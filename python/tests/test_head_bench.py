@@ -50,18 +50,21 @@ def _bench_module():
 def test_rounds_compare_within_a_round():
     # The host got twice as slow in round 1: each ratio is taken within its round, then the
     # median over rounds; times are medians over rounds, peaks the largest.
+    first = {"first_step_peak_mib": 1.0}
     rounds = {
-        "gemms": [{"seconds": 4.0, "peak_mib": 1.0}, {"seconds": 8.0, "peak_mib": 2.0}],
-        "cpkit": [{"seconds": 5.0, "peak_mib": 30.0, "loss": 2.5},
-                  {"seconds": 9.0, "peak_mib": 20.0, "loss": 2.5}],
-        "cce_compile": [{"seconds": 6.0, "peak_mib": 100.0, "loss": 2.5},
-                        {"seconds": 12.0, "peak_mib": 100.0, "loss": 2.5}],
-        "eager": [{"seconds": 7.0, "peak_mib": 5.0}, {"error": "OutOfMemoryError"}],
+        "gemms": [{"seconds": 4.0, "peak_mib": 1.0, **first},
+                  {"seconds": 8.0, "peak_mib": 2.0, **first}],
+        "cpkit": [{"seconds": 5.0, "peak_mib": 30.0, "loss": 2.5, "first_step_peak_mib": 40.0},
+                  {"seconds": 9.0, "peak_mib": 20.0, "loss": 2.5, "first_step_peak_mib": 50.0}],
+        "cce_compile": [{"seconds": 6.0, "peak_mib": 100.0, "loss": 2.5, **first},
+                        {"seconds": 12.0, "peak_mib": 100.0, "loss": 2.5, **first}],
+        "eager": [{"seconds": 7.0, "peak_mib": 5.0, **first}, {"error": "OutOfMemoryError"}],
     }
     out = _bench_module().summarise(rounds)
     cpkit = out["cpkit"]
     assert cpkit["seconds"] == 7.0 and cpkit["seconds_by_round"] == [5.0, 9.0]
     assert cpkit["peak_mib"] == 30.0 and cpkit["loss"] == 2.5
+    assert cpkit["first_step_peak_mib"] == 50.0
     assert math.isclose(cpkit["gemm_fraction"], (4.0 / 5.0 + 8.0 / 9.0) / 2)  # not 6 / 7
     assert math.isclose(cpkit["time_vs_cce"], (5.0 / 6.0 + 9.0 / 12.0) / 2)
     assert math.isclose(cpkit["memory_vs_cce"], 0.3)

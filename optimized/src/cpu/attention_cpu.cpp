@@ -1,7 +1,8 @@
 // cp_attention's CPU kernels (kernels/attention_launch.hpp). Forward: threads over (query,
 // head) pairs, one online-softmax pass over each query's listed keys. Backward: threads over
-// key heads, each owning its heads' dk and dv (no atomics); each probability is recomputed
-// from the saved log-sum-exp, and delta_i = d_out_i . out_i gives the softmax's row term.
+// key heads, each owning its heads' dk and dv (no atomics; summed in double); each
+// probability is recomputed from the saved log-sum-exp, and delta_i = d_out_i . out_i gives
+// the softmax's row term.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -68,36 +69,54 @@ void attention_forward_cpu(const AttentionArgs& a) {
 
 void attention_backward_cpu(const AttentionArgs& a) {
   const std::int64_t group = a.hq / a.hkv;
-  std::fill(a.dk, a.dk + a.keys * a.hkv * a.d, 0.0f);
-  std::fill(a.dv, a.dv + a.keys * a.hkv * a.d, 0.0f);
   at::parallel_for(0, a.hkv, 1, [&](std::int64_t g_begin, std::int64_t g_end) {
-    for (std::int64_t g = g_begin; g < g_end; ++g)
+    // A key slot's gradient sums a term from every query that sees it: summed in double,
+    // rounded once (a float running sum's error grew with the number of queries).
+    std::vector<double> dk(static_cast<std::size_t>(a.keys * a.d));
+    std::vector<double> dv(dk.size()), dq(static_cast<std::size_t>(a.d));
+    for (std::int64_t g = g_begin; g < g_end; ++g) {
+      std::fill(dk.begin(), dk.end(), 0.0);
+      std::fill(dv.begin(), dv.end(), 0.0);
       for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
         double dsink = 0.0;
         for (std::int64_t i = 0; i < a.queries; ++i) {
           const std::int64_t t = i * a.hq + h;
           const float* qi = a.q + t * a.d;
           const float* doi = a.d_out + t * a.d;
-          float* dqi = a.dq + t * a.d;
-          std::fill(dqi, dqi + a.d, 0.0f);
+          std::fill(dq.begin(), dq.end(), 0.0);
           const float lse = a.lse[t];
-          if (lse == -INFINITY) continue;  // nothing seen: zero gradients
-          const float delta = dot(doi, a.out + t * a.d, a.d);
-          if (a.sinks != nullptr) dsink -= std::exp(a.sinks[h] - lse) * delta;
-          for (std::int64_t x = a.key_begin[i]; x < a.key_end[i]; ++x) {
-            const std::int64_t at = ((a.key_slots[x] - a.slot_offset) * a.hkv + g) * a.d;
-            const AttentionScore s = score(qi, a.k + at, a);
-            const float p = std::exp(s.value - lse);
-            const float ds = p * (dot(doi, a.v + at, a.d) - delta) * s.slope * a.scale;
-            for (std::int64_t c = 0; c < a.d; ++c) {
-              dqi[c] += ds * a.k[at + c];
-              a.dk[at + c] += ds * qi[c];
-              a.dv[at + c] += p * doi[c];
+          if (lse != -INFINITY) {  // else nothing seen: zero gradients
+            const float delta = dot(doi, a.out + t * a.d, a.d);
+            if (a.sinks != nullptr) dsink -= std::exp(a.sinks[h] - lse) * delta;
+            for (std::int64_t x = a.key_begin[i]; x < a.key_end[i]; ++x) {
+              const std::int64_t slot = a.key_slots[x] - a.slot_offset;
+              const std::int64_t at = (slot * a.hkv + g) * a.d;
+              const AttentionScore s = score(qi, a.k + at, a);
+              const float p = std::exp(s.value - lse);
+              const float ds = p * (dot(doi, a.v + at, a.d) - delta) * s.slope * a.scale;
+              double* dk_slot = dk.data() + slot * a.d;
+              double* dv_slot = dv.data() + slot * a.d;
+              for (std::int64_t c = 0; c < a.d; ++c) {
+                const auto e = static_cast<std::size_t>(c);
+                dq[e] += static_cast<double>(ds) * a.k[at + c];
+                dk_slot[c] += static_cast<double>(ds) * qi[c];
+                dv_slot[c] += static_cast<double>(p) * doi[c];
+              }
             }
           }
+          float* dqi = a.dq + t * a.d;
+          for (std::int64_t c = 0; c < a.d; ++c)
+            dqi[c] = static_cast<float>(dq[static_cast<std::size_t>(c)]);
         }
         if (a.sinks != nullptr) a.dsinks[h] = static_cast<float>(dsink);
       }
+      for (std::int64_t slot = 0; slot < a.keys; ++slot)
+        for (std::int64_t c = 0; c < a.d; ++c) {
+          const auto e = static_cast<std::size_t>(slot * a.d + c);
+          a.dk[(slot * a.hkv + g) * a.d + c] = static_cast<float>(dk[e]);
+          a.dv[(slot * a.hkv + g) * a.d + c] = static_cast<float>(dv[e]);
+        }
+    }
   });
 }
 
