@@ -37,8 +37,10 @@ stage "python package"
 stage pytest
 
 echo "== build (ASan + UBSan)"
+# The CPU-only configuration (CPKIT_CUDA=OFF): the CUDA kernels compiled in the build above,
+# and this one keeps the no-CUDA glue building and tested.
 "$root/scripts/build.sh" "$root/build-asan" -DCPKIT_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
-  -DCPKIT_BUILD_BENCH=OFF -DCPKIT_LINE_TABLES_ONLY=ON
+  -DCPKIT_BUILD_BENCH=OFF -DCPKIT_LINE_TABLES_ONLY=ON -DCPKIT_CUDA=OFF
 stage "build (ASan + UBSan)"
 echo "== ctest under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

@@ -72,6 +72,15 @@ def _run(case: dict) -> None:
                              softcap=float(case.get("softcap", 0.0)),
                              temperature=float(case.get("temperature", 1.0)),
                              logits_precision=case.get("logits_precision", "fp32"))
+    elif call == "policy_loss":
+        cpkit.policy_loss(_head_input(case, "hidden"), _head_input(case, "weight"),
+                          _head_input(case, "labels"), _head_input(case, "valid"),
+                          _head_input(case, "advantages"), _head_input(case, "old_logprobs"),
+                          kind=case.get("kind", "ppo"), kl=case.get("kl", "k3"),
+                          aggregation=case.get("aggregation", "token_mean"),
+                          eps_low=float(case.get("eps_low", 0.2)),
+                          dual_clip=float(case.get("dual_clip", 0.0)),
+                          kl_coef=float(case.get("kl_coef", 0.0)))
     elif call == "scale_loss_gradient_":  # internal: the raw op, with the package's errors
         translate(torch.ops.cpkit.scale_loss_gradient_)(_tensor(case["grad_logits"]),
                                                         _tensor(case["upstream"]))

@@ -19,6 +19,7 @@
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/process_group.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "cpkit/optimized/policy_loss.hpp"
 #include "cpkit/optimized/token_logprobs.hpp"
 
 namespace cpkit {
@@ -137,6 +138,17 @@ void run(const json& c) {
         {.softcap = number_of(c.value("softcap", json(0.0))),
          .temperature = number_of(c.value("temperature", json(1.0))),
          .logits_precision = parse_logits_precision(c.value("logits_precision", "fp32"))});
+  } else if (call == "policy_loss") {
+    PolicyLossOptions o;
+    o.kind = parse_policy_kind(c.value("kind", "ppo"));
+    o.kl = parse_kl_estimator(c.value("kl", "k3"));
+    o.aggregation = parse_policy_aggregation(c.value("aggregation", "token_mean"));
+    o.eps_low = number_of(c.value("eps_low", json(0.2)));
+    o.dual_clip = number_of(c.value("dual_clip", json(0.0)));
+    o.kl_coef = number_of(c.value("kl_coef", json(0.0)));
+    policy_loss(head_input(c, "hidden"), head_input(c, "weight"), head_input(c, "labels"),
+                head_input(c, "valid"), nullptr,
+                {head_input(c, "advantages"), head_input(c, "old_logprobs"), {}, {}, {}}, o);
   } else if (call == "scale_loss_gradient_") {
     scale_loss_gradient_(tensor_of(c.at("grad_logits")), tensor_of(c.at("upstream")));
   } else if (call == "gather_tokens") {
