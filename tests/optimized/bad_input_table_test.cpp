@@ -17,9 +17,9 @@
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/gather.hpp"
 #include "cpkit/optimized/loss.hpp"
+#include "cpkit/optimized/policy_loss.hpp"
 #include "cpkit/optimized/process_group.hpp"
 #include "cpkit/optimized/sharder.hpp"
-#include "cpkit/optimized/policy_loss.hpp"
 #include "cpkit/optimized/token_logprobs.hpp"
 
 namespace cpkit {
