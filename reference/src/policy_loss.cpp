@@ -247,6 +247,10 @@ std::vector<RankPolicyLoss> policy_loss(const std::vector<PolicyRankInputs>& ran
         }
   // The chain rule through log-softmax, entropy, temperature and cap, then the head.
   for (std::size_t r = 0; r < n; ++r) {
+    for (std::size_t i = 0; i < at[r].size(); ++i) {
+      out[r].grad_logprobs.push_back(W * g_lp[r][i]);
+      out[r].grad_entropy.push_back(W * g_ent[r][i]);
+    }
     const Eigen::Index positions = static_cast<Eigen::Index>(at[r].size());
     Matrix<double> dy = Matrix<double>::Zero(positions, V);
     for (Eigen::Index i = 0; i < positions; ++i) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpkit/reference/policy_loss.hpp"
+#include "cpkit/reference/token_logprobs.hpp"
 
 namespace cpkit::reference {
 namespace {
@@ -66,6 +67,40 @@ double difference(float& x, Set&& evaluate) {
   return (j_up - j_down) / (static_cast<double>(up) - static_cast<double>(down));
 }
 
+// The per-position upstreams are what the head gradients carry: token_logprobs (its own
+// chain rule) fed grad_logprobs and grad_entropy gives the same d hidden and d weight.
+void expect_chain_through_head(const std::vector<PolicyRankInputs>& ranks,
+                               const FloatMatrix& weight, const PolicyLossOptions& o,
+                               const std::vector<RankPolicyLoss>& got, const std::string& at) {
+  std::vector<FloatMatrix> hidden;
+  std::vector<IntMatrix> labels;
+  std::vector<BoolVector> valid;
+  std::vector<std::vector<double>> g_lp, g_ent;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    hidden.push_back(ranks[r].hidden);
+    labels.push_back(ranks[r].labels);
+    valid.push_back(ranks[r].valid);
+    g_lp.push_back(got[r].grad_logprobs);
+    g_ent.push_back(got[r].grad_entropy);
+  }
+  // token_logprobs sees one CP group at a time: ranks are DP-major.
+  for (std::size_t d = 0; d * o.cp < ranks.size(); ++d) {
+    auto group = [&](const auto& v) {
+      return std::vector(v.begin() + static_cast<std::ptrdiff_t>(d * o.cp),
+                         v.begin() + static_cast<std::ptrdiff_t>((d + 1) * o.cp));
+    };
+    const auto chained = token_logprobs(group(hidden), weight, group(labels), group(valid),
+                                        group(g_lp), group(g_ent), {o.softcap, o.temperature});
+    for (std::size_t c = 0; c < chained.size(); ++c) {
+      const RankPolicyLoss& want = got[d * o.cp + c];
+      EXPECT_TRUE(chained[c].grad_hidden.isApprox(want.grad_hidden, 1e-5f))
+          << at << " rank " << d * o.cp + c << " d hidden";
+      EXPECT_TRUE(chained[c].grad_weight.isApprox(want.grad_weight, 1e-5f))
+          << at << " rank " << d * o.cp + c << " d weight";
+    }
+  }
+}
+
 TEST(ReferencePolicyLoss, GradientsAreTheObjectivesDerivative) {
   std::mt19937 gen(11);
   const Eigen::Index V = 7, H = 3;
@@ -111,6 +146,7 @@ TEST(ReferencePolicyLoss, GradientsAreTheObjectivesDerivative) {
             const double want = difference(weight(v, 2), J);
             EXPECT_NEAR(sum / W, want, 2e-4 * (1 + std::abs(want))) << at << " d weight " << v;
           }
+          expect_chain_through_head(ranks, weight, o, got, at);
           ++cases;
         }
   EXPECT_EQ(cases, 72);

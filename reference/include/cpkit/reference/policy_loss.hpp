@@ -39,6 +39,9 @@ struct PolicyRankInputs {
 struct RankPolicyLoss {
   double loss = 0;  // W * sum over this rank's positions of w * l
   std::vector<double> logprobs, ratio, clipped, kl, entropy;  // [B * L], 0 where none
+  // W * d J / d logprob and W * d J / d entropy per position [B * L]: what the gradients
+  // below carry through the head (token_logprobs with these upstreams gives them).
+  std::vector<double> grad_logprobs, grad_entropy;
   FloatMatrix grad_hidden;  // W * this rank's positions' share of dJ / d hidden, [B * L, H]
   FloatMatrix grad_weight;  // the same for d weight, [V, H]
 };
