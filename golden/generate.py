@@ -40,7 +40,7 @@ def padded_length(n, cp, pad_multiple, layout="contiguous"):
     return (n + m - 1) // m * m
 
 
-def layout_positions(layout, s_pad, cp, slots=None):
+def layout_positions(layout, s_pad, cp, slots=None, slack=0.02):
     """Each rank's global positions, in local order (docs/spec.md section 2b, restated)."""
     L = s_pad // cp
     if cp == 1 or layout == "contiguous":
@@ -58,40 +58,86 @@ def layout_positions(layout, s_pad, cp, slots=None):
         start += n
     if start < s_pad:
         docs.append((start, s_pad - start))
+    L_tile = 128  # the tile of the cost model
+
+    def candidate(piece):
+        """2. Every document, longest first, to g ranks (head-tail) or whole."""
+        owner = [None] * s_pad
+        tokens, work = [0] * cp, [0] * cp
+
+        def give(rank, doc_start, first, count):
+            for t in range(doc_start + first, doc_start + first + count):
+                owner[t] = rank
+            tokens[rank] += count
+            work[rank] += sum(offset + 1 for offset in range(first, first + count))
+
+        for doc_start, n in sorted(docs, key=lambda d: -d[1]):
+            g = min(cp, max(1, n // piece)) if piece else (cp if n >= 2 * cp * 64 else 1)
+            chosen = None
+            while g >= 2:
+                fit = [r for r in range(cp) if L - tokens[r] >= -(-n // g)]
+                if len(fit) >= g:
+                    chosen = sorted(fit, key=lambda r: (work[r], r))[:g]
+                    break
+                if g == cp:
+                    break
+                g += 1
+            if chosen:
+                q, e = divmod(n, 2 * g)
+                sizes = [q] * (2 * g)
+                order = sorted(chosen, key=lambda r: (tokens[r], r))
+                for k in range(e):
+                    j = chosen.index(order[k % g])
+                    sizes[j if k < g else 2 * g - 1 - j] += 1
+                first = 0
+                for c in range(2 * g):
+                    give(chosen[c if c < g else 2 * g - 1 - c], doc_start, first, sizes[c])
+                    first += sizes[c]
+                continue
+            fits = [r for r in range(cp) if L - tokens[r] >= n]
+            if fits:
+                give(min(fits, key=lambda r: (work[r], r)), doc_start, 0, n)
+                continue
+            first = 0
+            while first < n:
+                rank = max(range(cp), key=lambda r: (L - tokens[r], -r))
+                take = min(L - tokens[rank], n - first)
+                give(rank, doc_start, first, take)
+                first += take
+        return owner
+
+    def imbalance(owner):
+        """1. max / mean of the work and of the tile cost, the larger."""
+        worst = 0.0
+        for tile in (1, L_tile):
+            cost = [0] * cp
+            for doc_start, n in docs:
+                a = 0
+                while a < n:
+                    r, e = owner[doc_start + a], a
+                    while e < n and owner[doc_start + e] == r:
+                        e += 1
+                    for t in range(a, e, tile):
+                        last = min(t + tile, e)
+                        cost[r] += -(-last // tile) * tile * tile
+                    a = e
+            worst = max(worst, max(cost) * cp / sum(cost))
+        return worst
+
+    # 3. Pieces 2L/k from k = 2 while >= 128, then every rank; the first within the slack.
+    pieces = [2 * L // k for k in range(2, 2 * L + 1) if 2 * L // k >= 128] + [0]
+    best = None
+    for piece in pieces:
+        owner = candidate(piece)
+        ratio = imbalance(owner)
+        if ratio <= 1 + slack:
+            best = (owner, ratio)
+            break
+        if best is None or ratio < best[1]:
+            best = (owner, ratio)
     owned = [[] for _ in range(cp)]
-    work = [0] * cp
-
-    def give(rank, doc_start, first, count):  # tokens [first, first + count) of a document
-        owned[rank].extend(range(doc_start + first, doc_start + first + count))
-        work[rank] += sum(offset + 1 for offset in range(first, first + count))
-
-    # 2. Long documents, head-tail in 2 CP chunks, extra tokens by (tokens so far, rank).
-    long = [d for d in docs if d[1] >= 2 * cp * 64]
-    for doc_start, n in long:
-        q, e = divmod(n, 2 * cp)
-        order = sorted(range(cp), key=lambda r: (len(owned[r]), r))
-        extra_first, extra_second = [0] * cp, [0] * cp
-        for k in range(e):
-            (extra_first if k < cp else extra_second)[order[k % cp]] += 1
-        first = 0
-        for j in range(2 * cp):
-            rank = j if j < cp else 2 * cp - 1 - j
-            size = q + (extra_first[rank] if j < cp else extra_second[rank])
-            give(rank, doc_start, first, size)
-            first += size
-    # 3. Short documents, longest first, whole to the least-worked rank with room; else cut.
-    short = sorted((d for d in docs if d[1] < 2 * cp * 64), key=lambda d: -d[1])
-    for doc_start, n in short:
-        fits = [r for r in range(cp) if L - len(owned[r]) >= n]
-        if fits:
-            give(min(fits, key=lambda r: (work[r], r)), doc_start, 0, n)
-            continue
-        first = 0
-        while first < n:
-            rank = max(range(cp), key=lambda r: (L - len(owned[r]), -r))
-            take = min(L - len(owned[rank]), n - first)
-            give(rank, doc_start, first, take)
-            first += take
+    for t, r in enumerate(best[0]):
+        owned[r].append(t)
     return [sorted(p) for p in owned]
 
 
@@ -619,6 +665,13 @@ def main():
               layout_kind="balanced", docs=[[(9, 1), (261, 2), (0, 1), (17, 0), (5, 1)]])
     make_case("thd_cp3_balanced_short_docs", "thd", cp=3, rows=1, S=31, vocab=5, seed=22,
               layout_kind="balanced", docs=[[(7, 0), (2, 1), (11, 0), (5, 0), (4, 0)]])
+    # Spec 2b's candidates: two equal documents stay whole, one per rank (no keys move);
+    # documents cut over 2 of 4 ranks and over all 4, and whole ones, in one row.
+    make_case("thd_cp2_balanced_whole_docs", "thd", cp=2, rows=1, S=600, vocab=4, seed=23,
+              layout_kind="balanced", docs=[[(300, 0), (300, 0)]])
+    make_case("thd_cp4_balanced_groups", "thd", cp=4, rows=1, S=1500, vocab=5, seed=24,
+              layout_kind="balanced", docs=[[(700, 0), (300, 0), (200, 0), (150, 0), (90, 0),
+                                             (60, 0)]])
     # Varlen attention offsets (hand-checkable; docs/spec.md section 4a).
     OFFSETS.mkdir(exist_ok=True)
     make_offsets_case("thd_cp3_three_docs", "thd", cp=3, S=10, lens=[[3, 0, 4]], slots=[[4, 1, 4]])

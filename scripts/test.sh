@@ -43,8 +43,9 @@ echo "== build (ASan + UBSan)"
   -DCPKIT_BUILD_BENCH=OFF -DCPKIT_LINE_TABLES_ONLY=ON -DCPKIT_CUDA=OFF
 stage "build (ASan + UBSan)"
 echo "== ctest under ASan + UBSan"
+# Every test but the script-only ones (label "script": no compiled code runs there).
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir "$root/build-asan" --output-on-failure -j "$jobs"
+  ctest --test-dir "$root/build-asan" --output-on-failure -j "$jobs" -LE script
 stage "ctest (ASan + UBSan)"
 
 echo "== fuzz: regressions, then 60 s"

@@ -54,7 +54,7 @@ CPBatch to_cp_batch(const reference::PackedBatch& b) {
 }
 
 PadOptions pad_of(const reference::ShardOptions& o) {
-  return {o.pad_multiple, o.pad_token_id, layout_kind(o.layout)};
+  return {o.pad_multiple, o.pad_token_id, layout_kind(o.layout), o.balance_slack};
 }
 
 at::Tensor layout_positions_of(const Layout& layout) {

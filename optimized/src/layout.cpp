@@ -2,6 +2,7 @@
 #include "cpkit/optimized/layout.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "cpkit/optimized/error.hpp"
@@ -12,6 +13,8 @@ namespace {
 
 // Tokens per chunk below which a document is not cut head-tail (spec 2b step 2).
 constexpr std::int64_t kMinChunk = 64;
+// The query and key tile of the balanced plan's cost model (spec 2b step 3).
+constexpr std::int64_t kBalanceTile = 128;
 
 void check_plan_args(std::int64_t seq_len, int cp_size, int pad_multiple) {
   if (cp_size < 1) raise("cp_size", "must be >= 1, got ", cp_size);
@@ -74,30 +77,31 @@ struct Document {
   std::int64_t start, length, index;
 };
 
-// Step 2: a long document cut head-tail into 2 * CP chunks.
-void split_long(Ranks& ranks, const Document& d, int cp) {
-  const std::int64_t q = d.length / (2 * cp), extra = d.length % (2 * cp);
-  std::vector<int> order(static_cast<std::size_t>(cp));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return ranks.tokens[static_cast<std::size_t>(a)] < ranks.tokens[static_cast<std::size_t>(b)];
+// Step 2's head-tail cut of a document over `chosen` (2g chunks: j and 2g-1-j to chosen[j]);
+// the extra tokens to the chosen ranks with the fewest tokens so far, first chunks first.
+void cut_head_tail(Ranks& ranks, const Document& d, const std::vector<int>& chosen) {
+  const auto g = static_cast<std::int64_t>(chosen.size());
+  const std::int64_t q = d.length / (2 * g), extra = d.length % (2 * g);
+  std::vector<std::size_t> order(chosen.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return ranks.tokens[static_cast<std::size_t>(chosen[a])] <
+           ranks.tokens[static_cast<std::size_t>(chosen[b])];
   });
-  std::vector<std::int64_t> head(static_cast<std::size_t>(cp), q), tail(head);
-  for (std::int64_t k = 0; k < extra; ++k) {
-    const auto r = static_cast<std::size_t>(order[static_cast<std::size_t>(k % cp)]);
-    (k < cp ? head : tail)[r] += 1;
-  }
+  std::vector<std::int64_t> head(chosen.size(), q), tail(head);
+  for (std::int64_t k = 0; k < extra; ++k)
+    (k < g ? head : tail)[order[static_cast<std::size_t>(k % g)]] += 1;
   std::int64_t offset = 0;
-  for (int j = 0; j < 2 * cp; ++j) {
-    const int rank = j < cp ? j : 2 * cp - 1 - j;
-    const std::int64_t size = (j < cp ? head : tail)[static_cast<std::size_t>(rank)];
-    ranks.give(rank, d.start, offset, offset + size);
+  for (std::int64_t c = 0; c < 2 * g; ++c) {
+    const auto j = static_cast<std::size_t>(c < g ? c : 2 * g - 1 - c);
+    const std::int64_t size = (c < g ? head : tail)[j];
+    ranks.give(chosen[j], d.start, offset, offset + size);
     offset += size;
   }
 }
 
-// Step 3: a short document whole to the least-loaded rank with room, else cut by room.
-void place_short(Ranks& ranks, const Document& d, int cp) {
+// A document whole to the least-worked rank with room, else cut in row order by room.
+void place_whole(Ranks& ranks, const Document& d, int cp) {
   int best = -1;
   for (int r = 0; r < cp; ++r)
     if (ranks.room(r) >= d.length && (best < 0 || ranks.work[static_cast<std::size_t>(r)] <
@@ -117,6 +121,56 @@ void place_short(Ranks& ranks, const Document& d, int cp) {
     ranks.give(most, d.start, offset, offset + take);
     offset += take;
   }
+}
+
+// The ranks of a document cut over g of them (spec 2b step 2): the g least-worked ranks with
+// room for ceil(n / g) tokens, g growing while too few have room; none: keep it whole.
+std::vector<int> cut_ranks(const Ranks& ranks, const Document& d, std::int64_t g, int cp) {
+  for (; g >= 2; ++g) {
+    const std::int64_t need = (d.length + g - 1) / g;
+    std::vector<int> fit;
+    for (int r = 0; r < cp; ++r)
+      if (ranks.room(r) >= need) fit.push_back(r);
+    if (static_cast<std::int64_t>(fit.size()) >= g) {
+      std::stable_sort(fit.begin(), fit.end(), [&](int a, int b) {
+        return ranks.work[static_cast<std::size_t>(a)] < ranks.work[static_cast<std::size_t>(b)];
+      });
+      fit.resize(static_cast<std::size_t>(g));
+      return fit;
+    }
+    if (g == cp) break;
+  }
+  return {};
+}
+
+// How many ranks a document is cut over first: min(CP, n / piece), or with piece 0 every
+// rank for n >= 2 CP * kMinChunk, else one.
+std::int64_t group_size(const Document& d, std::int64_t piece, int cp) {
+  if (piece > 0) return std::clamp<std::int64_t>(d.length / piece, 1, cp);
+  return d.length >= 2 * cp * kMinChunk ? cp : 1;
+}
+
+// One candidate: documents longest first, each over group_size ranks.
+LayoutPlan plan_candidate(const LayoutPlan& empty, const std::vector<Document>& by_length,
+                          std::int64_t piece) {
+  LayoutPlan plan = empty;
+  const int cp = plan.cp_size;
+  Ranks ranks{std::vector<std::int64_t>(static_cast<std::size_t>(cp), 0),
+              std::vector<double>(static_cast<std::size_t>(cp), 0.0), &plan};
+  for (const Document& d : by_length) {
+    const std::vector<int> chosen = cut_ranks(ranks, d, group_size(d, piece, cp), cp);
+    if (chosen.empty())
+      place_whole(ranks, d, cp);
+    else
+      cut_head_tail(ranks, d, chosen);
+  }
+  normalise(plan);
+  return plan;
+}
+
+double max_over_mean(const std::vector<double>& cost) {
+  const double sum = std::accumulate(cost.begin(), cost.end(), 0.0);
+  return *std::max_element(cost.begin(), cost.end()) / (sum / static_cast<double>(cost.size()));
 }
 
 }  // namespace
@@ -169,8 +223,10 @@ LayoutPlan plan_layout(LayoutKind kind, std::int64_t seq_len, int cp_size, int p
 }
 
 LayoutPlan plan_balanced(const std::vector<std::int64_t>& slot_lens, std::int64_t seq_len,
-                         int cp_size, int pad_multiple) {
+                         int cp_size, int pad_multiple, double balance_slack) {
   check_plan_args(seq_len, cp_size, pad_multiple);
+  if (!(balance_slack >= 0) || !std::isfinite(balance_slack))
+    raise("balance_slack", "must be finite and >= 0, got ", balance_slack);
   LayoutPlan plan = empty_plan(LayoutKind::kBalanced, seq_len, cp_size, pad_multiple);
   if (cp_size == 1) {
     plan.fragments[0].push_back({0, plan.padded_len});
@@ -178,6 +234,7 @@ LayoutPlan plan_balanced(const std::vector<std::int64_t>& slot_lens, std::int64_
   }
   // Step 1: the attention documents (nonzero slots, then the row tail).
   std::vector<Document> docs;
+  std::vector<std::int64_t> lens;
   std::int64_t start = 0;
   for (const std::int64_t len : slot_lens) {
     if (len < 0) raise("seq_lens_padded", "must be >= 0, got ", len);
@@ -189,21 +246,35 @@ LayoutPlan plan_balanced(const std::vector<std::int64_t>& slot_lens, std::int64_
           " tokens");
   if (start < plan.padded_len)
     docs.push_back({start, plan.padded_len - start, static_cast<std::int64_t>(docs.size())});
-  Ranks ranks{std::vector<std::int64_t>(static_cast<std::size_t>(cp_size), 0),
-              std::vector<double>(static_cast<std::size_t>(cp_size), 0.0), &plan};
-  const std::int64_t long_at = 2 * cp_size * kMinChunk;
-  std::vector<Document> short_docs;
-  for (const Document& d : docs) {
-    if (d.length >= long_at)
-      split_long(ranks, d, cp_size);  // step 2, in row order
-    else
-      short_docs.push_back(d);
-  }
-  std::stable_sort(short_docs.begin(), short_docs.end(),
+  for (const Document& d : docs) lens.push_back(d.length);
+  std::stable_sort(docs.begin(), docs.end(),
                    [](const Document& a, const Document& b) { return a.length > b.length; });
-  for (const Document& d : short_docs) place_short(ranks, d, cp_size);  // step 3
-  normalise(plan);
-  return plan;
+  // Step 3: candidates from the fewest cuts (pieces of 2L / k, k = 2, 3, ... down to
+  // 2 * kMinChunk, then every rank); the first whose work and tile cost are within the slack,
+  // else the most even. A piece that gives every document the same rank count as the one
+  // before gives the same plan: skipped.
+  const std::int64_t L = plan.local_len;
+  std::vector<std::int64_t> pieces;
+  for (std::int64_t k = 2; 2 * L / k >= 2 * kMinChunk; ++k) pieces.push_back(2 * L / k);
+  pieces.push_back(0);
+  LayoutPlan best;
+  double best_ratio = 0;
+  std::vector<std::int64_t> groups, last_groups;
+  for (const std::int64_t piece : pieces) {
+    groups.clear();
+    for (const Document& d : docs) groups.push_back(group_size(d, piece, cp_size));
+    if (groups == last_groups) continue;
+    last_groups = groups;
+    LayoutPlan candidate = plan_candidate(plan, docs, piece);
+    const double ratio = std::max(max_over_mean(layout_work(candidate, lens)),
+                                  max_over_mean(layout_work(candidate, lens, kBalanceTile)));
+    if (ratio <= 1 + balance_slack) return candidate;
+    if (best.fragments.empty() || ratio < best_ratio) {
+      best = std::move(candidate);
+      best_ratio = ratio;
+    }
+  }
+  return best;
 }
 
 std::vector<std::int64_t> layout_positions(const LayoutPlan& plan, int rank) {

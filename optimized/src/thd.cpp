@@ -93,7 +93,7 @@ std::vector<Sharder::Microbatch> thd_microbatches(const CPBatch& batch, int cp_s
     mb.cu_padded = prefix_sums(slot);
     mb.plan = std::make_shared<const LayoutPlan>(
         pad.layout == LayoutKind::kBalanced
-            ? plan_balanced(slot, T, cp_size, pad.pad_multiple)
+            ? plan_balanced(slot, T, cp_size, pad.pad_multiple, pad.balance_slack)
             : plan_layout(pad.layout, T, cp_size, pad.pad_multiple));
     out.push_back(mb);
   }

@@ -2,6 +2,7 @@
 #include "cpkit/reference/layout.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "cpkit/reference/error.hpp"
 
@@ -9,8 +10,10 @@ namespace cpkit::reference {
 
 namespace {
 
-// A document is cut head-tail when each of its 2 * CP chunks gets at least this many tokens.
+// A document is cut head-tail only into chunks of at least this many tokens.
 constexpr std::int64_t kMinChunkTokens = 64;
+// The query and key tile of the balanced plan's cost model (a flash-attention block).
+constexpr std::int64_t kBalanceTile = 128;
 
 LayoutPositions positions_of(const std::vector<int>& owner, int cp_size) {
   LayoutPositions out(static_cast<std::size_t>(cp_size));
@@ -75,60 +78,68 @@ LayoutPositions plan_positions(const std::string& layout, std::int64_t padded_le
   return positions_of(owner, cp_size);
 }
 
-LayoutPositions plan_balanced_positions(const std::vector<std::int64_t>& slot_lens,
-                                        std::int64_t padded_len, int cp_size) {
-  if (cp_size == 1)
-    return positions_of(std::vector<int>(static_cast<std::size_t>(padded_len), 0), 1);
-  // The attention documents: nonzero slots in row order, then the row tail.
-  std::vector<Span> docs;
-  std::int64_t start = 0;
-  for (const std::int64_t n : slot_lens) {
-    if (n > 0) docs.push_back({start, n});
-    start += n;
-  }
-  if (start < padded_len) docs.push_back({start, padded_len - start});
+namespace {
+
+// One candidate plan (SPEC 2b step 2): every document, longest first, to g ranks.
+std::vector<int> plan_candidate(const std::vector<Span>& docs, std::int64_t padded_len, int cp_size,
+                                std::int64_t piece) {
   Books books{std::vector<int>(static_cast<std::size_t>(padded_len), -1),
               std::vector<std::int64_t>(static_cast<std::size_t>(cp_size), 0),
               std::vector<double>(static_cast<std::size_t>(cp_size), 0.0), padded_len / cp_size};
-  const std::int64_t two_cp = 2 * static_cast<std::int64_t>(cp_size);
-  std::vector<Span> short_docs;
-  for (const Span& doc : docs) {
-    if (doc.length < two_cp * kMinChunkTokens) {
-      short_docs.push_back(doc);
+  std::vector<Span> order = docs;
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Span& a, const Span& b) { return a.length > b.length; });
+  for (const Span& doc : order) {
+    std::int64_t g = piece > 0 ? std::clamp<std::int64_t>(doc.length / piece, 1, cp_size)
+                     : doc.length >= 2 * cp_size * kMinChunkTokens ? cp_size
+                                                                   : 1;
+    // The g least-worked ranks with room for ceil(n / g) tokens; more ranks while too few.
+    std::vector<int> chosen;
+    for (; g >= 2; ++g) {
+      const std::int64_t need = (doc.length + g - 1) / g;
+      std::vector<int> fit;
+      for (int r = 0; r < cp_size; ++r)
+        if (books.room(r) >= need) fit.push_back(r);
+      if (static_cast<std::int64_t>(fit.size()) >= g) {
+        std::stable_sort(fit.begin(), fit.end(), [&](int a, int b) {
+          return books.work[static_cast<std::size_t>(a)] < books.work[static_cast<std::size_t>(b)];
+        });
+        chosen.assign(fit.begin(), fit.begin() + g);
+        break;
+      }
+      if (g == cp_size) break;
+    }
+    if (!chosen.empty()) {
+      // Head-tail over the chosen ranks: chunk j and 2g-1-j to chosen[j]; the extra tokens to
+      // the chosen ranks with the fewest tokens so far (first chunks, then second chunks).
+      std::vector<int> by_tokens = chosen;
+      std::stable_sort(by_tokens.begin(), by_tokens.end(), [&](int a, int b) {
+        return books.tokens[static_cast<std::size_t>(a)] <
+               books.tokens[static_cast<std::size_t>(b)];
+      });
+      std::vector<std::int64_t> chunk(static_cast<std::size_t>(2 * g), doc.length / (2 * g));
+      for (std::int64_t k = 0; k < doc.length % (2 * g); ++k) {
+        const int r = by_tokens[static_cast<std::size_t>(k % g)];
+        const auto j = std::find(chosen.begin(), chosen.end(), r) - chosen.begin();
+        chunk[static_cast<std::size_t>(k < g ? j : 2 * g - 1 - j)] += 1;
+      }
+      std::int64_t offset = 0;
+      for (std::int64_t c = 0; c < 2 * g; ++c) {
+        const int r = chosen[static_cast<std::size_t>(c < g ? c : 2 * g - 1 - c)];
+        books.assign(r, doc, offset, offset + chunk[static_cast<std::size_t>(c)]);
+        offset += chunk[static_cast<std::size_t>(c)];
+      }
       continue;
     }
-    // Long: 2 CP chunks of floor(n / 2CP) tokens; the extra tokens go to the ranks with the
-    // fewest tokens before this document (first chunks, then second chunks).
-    std::vector<int> by_tokens;
-    for (int r = 0; r < cp_size; ++r) by_tokens.push_back(r);
-    std::stable_sort(by_tokens.begin(), by_tokens.end(), [&](int a, int b) {
-      return books.tokens[static_cast<std::size_t>(a)] < books.tokens[static_cast<std::size_t>(b)];
-    });
-    std::vector<std::int64_t> chunk(static_cast<std::size_t>(two_cp), doc.length / two_cp);
-    for (std::int64_t k = 0; k < doc.length % two_cp; ++k) {
-      const int r = by_tokens[static_cast<std::size_t>(k % cp_size)];
-      const std::int64_t c = k < cp_size ? r : two_cp - 1 - r;  // its first or second chunk
-      chunk[static_cast<std::size_t>(c)] += 1;
-    }
-    std::int64_t offset = 0;
-    for (std::int64_t c = 0; c < two_cp; ++c) {
-      const int r = static_cast<int>(c < cp_size ? c : two_cp - 1 - c);
-      books.assign(r, doc, offset, offset + chunk[static_cast<std::size_t>(c)]);
-      offset += chunk[static_cast<std::size_t>(c)];
-    }
-  }
-  // Short: longest first (row order among equals), whole to the least-loaded rank with room.
-  std::stable_sort(short_docs.begin(), short_docs.end(),
-                   [](const Span& a, const Span& b) { return a.length > b.length; });
-  for (const Span& doc : short_docs) {
-    int chosen = -1;
+    // Whole, to the least-worked rank with room.
+    int best = -1;
     for (int r = 0; r < cp_size; ++r)
       if (books.room(r) >= doc.length &&
-          (chosen == -1 ||
-           books.work[static_cast<std::size_t>(r)] < books.work[static_cast<std::size_t>(chosen)]))
-        chosen = r;
-    if (chosen != -1) {
-      books.assign(chosen, doc, 0, doc.length);
+          (best == -1 ||
+           books.work[static_cast<std::size_t>(r)] < books.work[static_cast<std::size_t>(best)]))
+        best = r;
+    if (best != -1) {
+      books.assign(best, doc, 0, doc.length);
       continue;
     }
     // No rank has room for all of it: cut in row order, the roomiest rank first.
@@ -142,7 +153,74 @@ LayoutPositions plan_balanced_positions(const std::vector<std::int64_t>& slot_le
       offset += take;
     }
   }
-  return positions_of(books.owner, cp_size);
+  return books.owner;
+}
+
+// Max over mean of the ranks' attention cost (SPEC 2b step 1): per token (tile 1) or per
+// tile: each run of a rank's tokens inside one document, in query tiles of `tile` from the
+// run's start; a tile ending at document offset e costs ceil(e / tile) * tile * tile.
+double imbalance(const std::vector<int>& owner, const std::vector<Span>& docs, int cp_size,
+                 std::int64_t tile) {
+  std::vector<double> cost(static_cast<std::size_t>(cp_size), 0.0);
+  for (const Span& doc : docs) {
+    std::int64_t a = 0;
+    while (a < doc.length) {
+      const int r = owner[static_cast<std::size_t>(doc.start + a)];
+      std::int64_t e = a;
+      while (e < doc.length && owner[static_cast<std::size_t>(doc.start + e)] == r) ++e;
+      for (std::int64_t t = a; t < e; t += tile) {
+        const std::int64_t last = std::min(t + tile, e);
+        cost[static_cast<std::size_t>(r)] +=
+            static_cast<double>((last + tile - 1) / tile * tile * tile);
+      }
+      a = e;
+    }
+  }
+  double most = 0, sum = 0;
+  for (const double c : cost) {
+    most = std::max(most, c);
+    sum += c;
+  }
+  return most / (sum / cp_size);
+}
+
+}  // namespace
+
+LayoutPositions plan_balanced_positions(const std::vector<std::int64_t>& slot_lens,
+                                        std::int64_t padded_len, int cp_size,
+                                        double balance_slack) {
+  if (!(balance_slack >= 0) || !std::isfinite(balance_slack))
+    raise("balance_slack", "must be finite and >= 0, got ", balance_slack);
+  if (cp_size == 1)
+    return positions_of(std::vector<int>(static_cast<std::size_t>(padded_len), 0), 1);
+  // The attention documents: nonzero slots in row order, then the row tail.
+  std::vector<Span> docs;
+  std::int64_t start = 0;
+  for (const std::int64_t n : slot_lens) {
+    if (n > 0) docs.push_back({start, n});
+    start += n;
+  }
+  if (start < padded_len) docs.push_back({start, padded_len - start});
+  // Candidates from the fewest cuts: pieces of 2L / k tokens for k = 2, 3, ... (while >= 2 *
+  // 64), then every rank for each document of >= 2 CP * 64. The first whose work and tile
+  // cost are both within the slack wins, else the most even of them all.
+  std::vector<std::int64_t> pieces;
+  const std::int64_t L = padded_len / cp_size;
+  for (std::int64_t k = 2; 2 * L / k >= 2 * kMinChunkTokens; ++k) pieces.push_back(2 * L / k);
+  pieces.push_back(0);
+  std::vector<int> best;
+  double best_ratio = 0;
+  for (const std::int64_t piece : pieces) {
+    std::vector<int> owner = plan_candidate(docs, padded_len, cp_size, piece);
+    const double ratio =
+        std::max(imbalance(owner, docs, cp_size, 1), imbalance(owner, docs, cp_size, kBalanceTile));
+    if (ratio <= 1 + balance_slack) return positions_of(owner, cp_size);
+    if (best.empty() || ratio < best_ratio) {
+      best = std::move(owner);
+      best_ratio = ratio;
+    }
+  }
+  return positions_of(best, cp_size);
 }
 
 }  // namespace cpkit::reference

@@ -75,9 +75,10 @@ GlobalStreams packed_microbatch(const PackedBatch& batch, const ShardOptions& op
   g.padded_len = layout_padded_length(options.layout, T, options.cp_size, options.pad_multiple);
   std::vector<std::int64_t> slots;
   for (const Document& d : docs) slots.push_back(d.slot);
-  g.owned = options.layout == "balanced"
-                ? plan_balanced_positions(slots, g.padded_len, options.cp_size)
-                : plan_positions(options.layout, g.padded_len, options.cp_size);
+  g.owned =
+      options.layout == "balanced"
+          ? plan_balanced_positions(slots, g.padded_len, options.cp_size, options.balance_slack)
+          : plan_positions(options.layout, g.padded_len, options.cp_size);
   const auto T_pad = g.padded_len;
   g.labels.resize(1, T_pad);
   g.position_ids.resize(1, T_pad);

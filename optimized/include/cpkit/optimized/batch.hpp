@@ -44,6 +44,7 @@ struct PadOptions {
   int pad_multiple = 1;           // S_pad is a multiple of CP * pad_multiple (2 CP for head_tail)
   std::int64_t pad_token_id = 0;  // written into padded id positions
   LayoutKind layout = LayoutKind::kContiguous;
+  double balance_slack = kDefaultBalanceSlack;  // balanced: cost max / mean allowed above 1
 };
 
 }  // namespace cpkit

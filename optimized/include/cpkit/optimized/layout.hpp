@@ -40,9 +40,16 @@ std::int64_t layout_padded_length(LayoutKind kind, std::int64_t seq_len, int cp_
 
 // contiguous and head_tail depend on the length alone.
 LayoutPlan plan_layout(LayoutKind kind, std::int64_t seq_len, int cp_size, int pad_multiple = 1);
-// balanced: from one packed row's slot lengths (seq_lens_padded without sentinels).
+// How far above 1 a balanced plan's work and tile cost max / mean may be for it to cut fewer
+// documents (spec 2b; chosen from bench/layout_bench.cpp).
+inline constexpr double kDefaultBalanceSlack = 0.02;
+
+// balanced: from one packed row's slot lengths (seq_lens_padded without sentinels); the plan
+// with the fewest cut documents whose work and tile cost max / mean are within
+// 1 + balance_slack.
 LayoutPlan plan_balanced(const std::vector<std::int64_t>& slot_lens, std::int64_t seq_len,
-                         int cp_size, int pad_multiple = 1);
+                         int cp_size, int pad_multiple = 1,
+                         double balance_slack = kDefaultBalanceSlack);
 
 // The global position of each of rank's local tokens, in local order.
 std::vector<std::int64_t> layout_positions(const LayoutPlan& plan, int rank);

@@ -17,6 +17,7 @@ struct ShardOptions {
   std::int64_t pad_token_id = 0;      // id written into padded id positions
   bool shard_primary = true;          // false: ids/embeddings stay global (image splicing)
   std::string layout = "contiguous";  // which rank owns which tokens (SPEC 2b)
+  double balance_slack = 0.02;        // balanced: cost max / mean allowed above 1
 };
 
 // BSHD: every row is one sequence of S tokens. Exactly one of input_ids / inputs_embeds.

@@ -22,8 +22,9 @@ std::int64_t layout_padded_length(const std::string& layout, std::int64_t seq_le
 
 // contiguous and head_tail: from the padded length alone.
 LayoutPositions plan_positions(const std::string& layout, std::int64_t padded_len, int cp_size);
-// balanced: from one packed row's slot lengths (without sentinels).
+// balanced: from one packed row's slot lengths (without sentinels); the plan with the fewest
+// cut documents whose work and tile cost max / mean are within 1 + balance_slack.
 LayoutPositions plan_balanced_positions(const std::vector<std::int64_t>& slot_lens,
-                                        std::int64_t padded_len, int cp_size);
+                                        std::int64_t padded_len, int cp_size, double balance_slack);
 
 }  // namespace cpkit::reference
