@@ -74,21 +74,22 @@ def layout_positions(layout, s_pad, cp, slots=None, slack=0.02):
         for doc_start, n in sorted(docs, key=lambda d: -d[1]):
             g = min(cp, max(1, n // piece)) if piece else (cp if n >= 2 * cp * 64 else 1)
             chosen = None
-            while g >= 2:
-                fit = [r for r in range(cp) if L - tokens[r] >= -(-n // g)]
+            while 2 <= g <= cp:
+                q, e = divmod(n, 2 * g)
+                fit = [r for r in range(cp) if L - tokens[r] >= 2 * q]
                 if len(fit) >= g:
                     chosen = sorted(fit, key=lambda r: (work[r], r))[:g]
-                    break
-                if g == cp:
-                    break
+                    sizes = [q] * (2 * g)
+                    order = sorted(chosen, key=lambda r: (tokens[r], r))
+                    for k in range(e):
+                        j = chosen.index(order[k % g])
+                        sizes[j if k < g else 2 * g - 1 - j] += 1
+                    if all(L - tokens[r] >= sizes[j] + sizes[2 * g - 1 - j]
+                           for j, r in enumerate(chosen)):
+                        break
+                    chosen = None
                 g += 1
             if chosen:
-                q, e = divmod(n, 2 * g)
-                sizes = [q] * (2 * g)
-                order = sorted(chosen, key=lambda r: (tokens[r], r))
-                for k in range(e):
-                    j = chosen.index(order[k % g])
-                    sizes[j if k < g else 2 * g - 1 - j] += 1
                 first = 0
                 for c in range(2 * g):
                     give(chosen[c if c < g else 2 * g - 1 - c], doc_start, first, sizes[c])

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "cpkit/optimized/error.hpp"
 
@@ -77,25 +78,36 @@ struct Document {
   std::int64_t start, length, index;
 };
 
-// Step 2's head-tail cut of a document over `chosen` (2g chunks: j and 2g-1-j to chosen[j]);
-// the extra tokens to the chosen ranks with the fewest tokens so far, first chunks first.
-void cut_head_tail(Ranks& ranks, const Document& d, const std::vector<int>& chosen) {
+// Step 2's head-tail cut of a document over `chosen`: chunk sizes per chosen rank (first,
+// second chunk), the extra tokens to the chosen ranks with the fewest tokens so far.
+struct Cut {
+  std::vector<int> chosen;
+  std::vector<std::int64_t> head, tail;
+};
+
+Cut head_tail_sizes(const Ranks& ranks, std::int64_t n, std::vector<int> chosen) {
   const auto g = static_cast<std::int64_t>(chosen.size());
-  const std::int64_t q = d.length / (2 * g), extra = d.length % (2 * g);
+  const std::int64_t q = n / (2 * g), extra = n % (2 * g);
   std::vector<std::size_t> order(chosen.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return ranks.tokens[static_cast<std::size_t>(chosen[a])] <
            ranks.tokens[static_cast<std::size_t>(chosen[b])];
   });
-  std::vector<std::int64_t> head(chosen.size(), q), tail(head);
+  Cut cut{std::move(chosen), std::vector<std::int64_t>(order.size(), q), {}};
+  cut.tail = cut.head;
   for (std::int64_t k = 0; k < extra; ++k)
-    (k < g ? head : tail)[order[static_cast<std::size_t>(k % g)]] += 1;
+    (k < g ? cut.head : cut.tail)[order[static_cast<std::size_t>(k % g)]] += 1;
+  return cut;
+}
+
+void give_cut(Ranks& ranks, const Document& d, const Cut& cut) {
+  const auto g = static_cast<std::int64_t>(cut.chosen.size());
   std::int64_t offset = 0;
   for (std::int64_t c = 0; c < 2 * g; ++c) {
     const auto j = static_cast<std::size_t>(c < g ? c : 2 * g - 1 - c);
-    const std::int64_t size = (c < g ? head : tail)[j];
-    ranks.give(chosen[j], d.start, offset, offset + size);
+    const std::int64_t size = (c < g ? cut.head : cut.tail)[j];
+    ranks.give(cut.chosen[j], d.start, offset, offset + size);
     offset += size;
   }
 }
@@ -123,24 +135,26 @@ void place_whole(Ranks& ranks, const Document& d, int cp) {
   }
 }
 
-// The ranks of a document cut over g of them (spec 2b step 2): the g least-worked ranks with
-// room for ceil(n / g) tokens, g growing while too few have room; none: keep it whole.
-std::vector<int> cut_ranks(const Ranks& ranks, const Document& d, std::int64_t g, int cp) {
-  for (; g >= 2; ++g) {
-    const std::int64_t need = (d.length + g - 1) / g;
+// A document's cut over g ranks (spec 2b step 2): the g least-worked ranks with room for
+// 2 floor(n / 2g) tokens, if each has room for its chunks; else g grows. None: keep it whole.
+std::optional<Cut> cut_over(const Ranks& ranks, const Document& d, std::int64_t g, int cp) {
+  for (; g >= 2 && g <= cp; ++g) {
+    const std::int64_t need = 2 * (d.length / (2 * g));
     std::vector<int> fit;
     for (int r = 0; r < cp; ++r)
       if (ranks.room(r) >= need) fit.push_back(r);
-    if (static_cast<std::int64_t>(fit.size()) >= g) {
-      std::stable_sort(fit.begin(), fit.end(), [&](int a, int b) {
-        return ranks.work[static_cast<std::size_t>(a)] < ranks.work[static_cast<std::size_t>(b)];
-      });
-      fit.resize(static_cast<std::size_t>(g));
-      return fit;
-    }
-    if (g == cp) break;
+    if (static_cast<std::int64_t>(fit.size()) < g) continue;
+    std::stable_sort(fit.begin(), fit.end(), [&](int a, int b) {
+      return ranks.work[static_cast<std::size_t>(a)] < ranks.work[static_cast<std::size_t>(b)];
+    });
+    fit.resize(static_cast<std::size_t>(g));
+    Cut cut = head_tail_sizes(ranks, d.length, std::move(fit));
+    bool fits = true;
+    for (std::size_t j = 0; j < cut.chosen.size(); ++j)
+      fits = fits && ranks.room(cut.chosen[j]) >= cut.head[j] + cut.tail[j];
+    if (fits) return cut;
   }
-  return {};
+  return std::nullopt;
 }
 
 // How many ranks a document is cut over first: min(CP, n / piece), or with piece 0 every
@@ -158,11 +172,12 @@ LayoutPlan plan_candidate(const LayoutPlan& empty, const std::vector<Document>& 
   Ranks ranks{std::vector<std::int64_t>(static_cast<std::size_t>(cp), 0),
               std::vector<double>(static_cast<std::size_t>(cp), 0.0), &plan};
   for (const Document& d : by_length) {
-    const std::vector<int> chosen = cut_ranks(ranks, d, group_size(d, piece, cp), cp);
-    if (chosen.empty())
-      place_whole(ranks, d, cp);
+    const std::int64_t g = group_size(d, piece, cp);
+    const std::optional<Cut> cut = g >= 2 ? cut_over(ranks, d, g, cp) : std::nullopt;
+    if (cut)
+      give_cut(ranks, d, *cut);
     else
-      cut_head_tail(ranks, d, chosen);
+      place_whole(ranks, d, cp);
   }
   normalise(plan);
   return plan;

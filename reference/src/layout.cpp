@@ -93,25 +93,20 @@ std::vector<int> plan_candidate(const std::vector<Span>& docs, std::int64_t padd
     std::int64_t g = piece > 0 ? std::clamp<std::int64_t>(doc.length / piece, 1, cp_size)
                      : doc.length >= 2 * cp_size * kMinChunkTokens ? cp_size
                                                                    : 1;
-    // The g least-worked ranks with room for ceil(n / g) tokens; more ranks while too few.
-    std::vector<int> chosen;
-    for (; g >= 2; ++g) {
-      const std::int64_t need = (doc.length + g - 1) / g;
-      std::vector<int> fit;
+    // The g least-worked ranks with room for 2 floor(n / 2g) tokens, cut head-tail over them
+    // if each has room for its chunks; else one more rank (up to CP).
+    bool placed = false;
+    for (; g >= 2 && g <= cp_size && !placed; ++g) {
+      std::vector<int> chosen;
       for (int r = 0; r < cp_size; ++r)
-        if (books.room(r) >= need) fit.push_back(r);
-      if (static_cast<std::int64_t>(fit.size()) >= g) {
-        std::stable_sort(fit.begin(), fit.end(), [&](int a, int b) {
-          return books.work[static_cast<std::size_t>(a)] < books.work[static_cast<std::size_t>(b)];
-        });
-        chosen.assign(fit.begin(), fit.begin() + g);
-        break;
-      }
-      if (g == cp_size) break;
-    }
-    if (!chosen.empty()) {
-      // Head-tail over the chosen ranks: chunk j and 2g-1-j to chosen[j]; the extra tokens to
-      // the chosen ranks with the fewest tokens so far (first chunks, then second chunks).
+        if (books.room(r) >= 2 * (doc.length / (2 * g))) chosen.push_back(r);
+      if (static_cast<std::int64_t>(chosen.size()) < g) continue;
+      std::stable_sort(chosen.begin(), chosen.end(), [&](int a, int b) {
+        return books.work[static_cast<std::size_t>(a)] < books.work[static_cast<std::size_t>(b)];
+      });
+      chosen.resize(static_cast<std::size_t>(g));
+      // Chunk j and 2g-1-j to chosen[j]; the extra tokens to the chosen ranks with the fewest
+      // tokens so far (first chunks, then second chunks).
       std::vector<int> by_tokens = chosen;
       std::stable_sort(by_tokens.begin(), by_tokens.end(), [&](int a, int b) {
         return books.tokens[static_cast<std::size_t>(a)] <
@@ -123,14 +118,21 @@ std::vector<int> plan_candidate(const std::vector<Span>& docs, std::int64_t padd
         const auto j = std::find(chosen.begin(), chosen.end(), r) - chosen.begin();
         chunk[static_cast<std::size_t>(k < g ? j : 2 * g - 1 - j)] += 1;
       }
+      bool fits = true;
+      for (std::int64_t j = 0; j < g; ++j)
+        fits = fits && books.room(chosen[static_cast<std::size_t>(j)]) >=
+                           chunk[static_cast<std::size_t>(j)] +
+                               chunk[static_cast<std::size_t>(2 * g - 1 - j)];
+      if (!fits) continue;
       std::int64_t offset = 0;
       for (std::int64_t c = 0; c < 2 * g; ++c) {
         const int r = chosen[static_cast<std::size_t>(c < g ? c : 2 * g - 1 - c)];
         books.assign(r, doc, offset, offset + chunk[static_cast<std::size_t>(c)]);
         offset += chunk[static_cast<std::size_t>(c)];
       }
-      continue;
+      placed = true;
     }
+    if (placed) continue;
     // Whole, to the least-worked rank with room.
     int best = -1;
     for (int r = 0; r < cp_size; ++r)
