@@ -11,7 +11,9 @@
 #include "compare.hpp"
 #include "convert.hpp"
 #include "cpkit/optimized/gather.hpp"
+#include "cpkit/optimized/layout.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "cpkit/reference/layout.hpp"
 #include "layouts.hpp"
 #include "rank_task.hpp"
 
@@ -255,6 +257,26 @@ RC_GTEST_PROP(OptimizedSharding, Cp1IsIdentityOnLayout, ()) {
   p.cp = 1;
   p.pad_multiple = b.pad_multiple;
   check_packed(p);
+}
+
+// The balanced planner (spec 2b) against the reference's, plan for plan, in-process: rows of
+// short, long and very long documents (some longer than a rank), a row tail or none, CP 2-8,
+// any balance_slack from "most even" to "fewest cuts".
+RC_GTEST_PROP(OptimizedSharding, BalancedPlanEqualsReference, ()) {
+  const int cp = *rc::gen::inRange(2, 9);
+  const auto slots = *rc::gen::container<std::vector<std::int64_t>>(
+      rc::gen::oneOf(rc::gen::inRange<std::int64_t>(0, 40), rc::gen::inRange<std::int64_t>(40, 700),
+                     rc::gen::inRange<std::int64_t>(700, 4000)));
+  std::int64_t T = 0;
+  for (const std::int64_t n : slots) T += n;
+  T += *rc::gen::inRange<std::int64_t>(T == 0 ? 1 : 0, 64);
+  const double slack = *rc::gen::element(0.0, 0.005, 0.02, 0.1, 10.0);
+  RC_TAG(slack);
+  const LayoutPlan plan = plan_balanced(slots, T, cp, 1, slack);
+  const reference::LayoutPositions want =
+      reference::plan_balanced_positions(slots, plan.padded_len, cp, slack);
+  for (int r = 0; r < cp; ++r)
+    RC_ASSERT(layout_positions(plan, r) == want[static_cast<std::size_t>(r)]);
 }
 
 }  // namespace

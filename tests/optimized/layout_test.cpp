@@ -221,6 +221,14 @@ TEST(Layout, BalancedAtTheDefaultSlackTradesWorkForKeys) {
   }
 }
 
+// A cut needs room for its chunks only: after 11356 tokens over 8 ranks (1419 or 1420 each,
+// room 628 or 629), 5028 = 16 * 314 + 4 fits exactly (the 4 extra tokens to the roomier
+// ranks). A rule asking ceil(5028 / 8) = 629 of every rank cut it by room instead: work 1.14.
+TEST(Layout, BalancedCutsADocumentWhoseExtraTokensJustFit) {
+  EXPECT_LE(max_over_mean(work_per_rank(plan_balanced({11356, 5028}, 16384, 8), {11356, 5028})),
+            1.005);
+}
+
 // Spec 2b step 3 by hand, CP 2, two documents of 256 (T 512, L 256): the first candidate
 // (P = 2L / 2 = 256) keeps both whole, one per rank, with equal work: no keys move. The most
 // even rule (P = 0) would cut both head-tail (each >= 2 CP * 64).
