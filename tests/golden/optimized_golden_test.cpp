@@ -64,10 +64,23 @@ Sharder prepare(const GoldenCase& c, const MeshPtr& mesh) {
              : prepare_cp_inputs_for(batch_of(c), c.cp, c.num_chunks, true, pad);
 }
 
-class OptimizedGolden : public ::testing::TestWithParam<std::string> {};
+// A test whose body runs once per golden case, in one process: one process start per test
+// rather than per case (a sanitized process costs ~1 s to start and leak-check). The body
+// reads the case as `case_name`; a failure names it; no cases is a failure.
+#define CPKIT_TEST_FOR_EACH_CASE(suite, name, names)      \
+  void suite##_##name(const std::string& case_name);      \
+  TEST(suite, name) {                                     \
+    const std::vector<std::string> all = names;           \
+    EXPECT_FALSE(all.empty()) << "no golden cases found"; \
+    for (const std::string& c : all) {                    \
+      SCOPED_TRACE(c);                                    \
+      suite##_##name(c);                                  \
+    }                                                     \
+  }                                                       \
+  void suite##_##name(const std::string& case_name)
 
-TEST_P(OptimizedGolden, ShardsMatchTheOracle) {
-  const GoldenCase c = load_golden_case(GetParam());
+CPKIT_TEST_FOR_EACH_CASE(OptimizedGolden, ShardsMatchTheOracle, golden_case_names()) {
+  const GoldenCase c = load_golden_case(case_name);
   const Sharder s = prepare(c, nullptr);
   for (int m = 0; m < s.num_microbatches(); ++m)
     for (const ExpectedRank& e : c.microbatches[m].ranks) {
@@ -83,8 +96,8 @@ TEST_P(OptimizedGolden, ShardsMatchTheOracle) {
     }
 }
 
-TEST_P(OptimizedGolden, LossMatchesTheOracleOnRealRanks) {
-  const GoldenCase c = load_golden_case(GetParam());
+CPKIT_TEST_FOR_EACH_CASE(OptimizedGolden, LossMatchesTheOracleOnRealRanks, golden_case_names()) {
+  const GoldenCase c = load_golden_case(case_name);
   const auto outcomes = ranks::run_ranks_collect(c.cp, [&c](int rank, const MeshPtr& mesh) {
     const Sharder s = prepare(c, mesh);
     std::ostringstream out;
@@ -124,13 +137,10 @@ TEST_P(OptimizedGolden, LossMatchesTheOracleOnRealRanks) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, OptimizedGolden, ::testing::ValuesIn(golden_case_names()));
-
 // golden/offsets: hand-checkable varlen attention offsets (docs/spec.md section 4a).
-class OptimizedOffsetsGolden : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(OptimizedOffsetsGolden, ReproducesTheHandCheckedOffsets) {
-  const OffsetsCase o = load_offsets_case(GetParam());
+CPKIT_TEST_FOR_EACH_CASE(OptimizedOffsetsGolden, ReproducesTheHandCheckedOffsets,
+                         golden_case_names(CPKIT_GOLDEN_OFFSETS_DIR)) {
+  const OffsetsCase o = load_offsets_case(case_name);
   GoldenCase c;
   c.name = o.name;
   c.format = o.format;
@@ -152,9 +162,6 @@ TEST_P(OptimizedOffsetsGolden, ReproducesTheHandCheckedOffsets) {
     EXPECT_EQ(got.k_end, e.k_end) << "rank " << e.rank;
   }
 }
-
-INSTANTIATE_TEST_SUITE_P(Offsets, OptimizedOffsetsGolden,
-                         ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_OFFSETS_DIR)));
 
 }  // namespace
 }  // namespace cpkit::golden
@@ -185,10 +192,9 @@ std::string first_difference(const at::Tensor& got, const at::Tensor& expected,
 }
 
 // golden/linear on real ranks, with chunks of 1, 3 and the default number of rows.
-class OptimizedLinearGolden : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(OptimizedLinearGolden, MatchesTheOracleOnRealRanks) {
-  const LinearCase c = load_linear_case(GetParam());
+CPKIT_TEST_FOR_EACH_CASE(OptimizedLinearGolden, MatchesTheOracleOnRealRanks,
+                         golden_case_names(CPKIT_GOLDEN_LINEAR_DIR)) {
+  const LinearCase c = load_linear_case(case_name);
   const auto outcomes = ranks::run_ranks_collect(c.batch.cp, [&c](int rank, const MeshPtr& mesh) {
     const Sharder s = prepare(c.batch, mesh);
     const at::Tensor weight = floats(c.weight);
@@ -228,14 +234,10 @@ TEST_P(OptimizedLinearGolden, MatchesTheOracleOnRealRanks) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Linear, OptimizedLinearGolden,
-                         ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_LINEAR_DIR)));
-
 // golden/logprobs on real ranks, with chunks of 1, 3 and the default number of rows.
-class OptimizedLogprobsGolden : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(OptimizedLogprobsGolden, MatchesTheOracleOnRealRanks) {
-  const LogprobsCase c = load_logprobs_case(GetParam());
+CPKIT_TEST_FOR_EACH_CASE(OptimizedLogprobsGolden, MatchesTheOracleOnRealRanks,
+                         golden_case_names(CPKIT_GOLDEN_LOGPROBS_DIR)) {
+  const LogprobsCase c = load_logprobs_case(case_name);
   const auto outcomes = ranks::run_ranks_collect(c.batch.cp, [&c](int rank, const MeshPtr& mesh) {
     const Sharder s = prepare(c.batch, mesh);
     const at::Tensor weight = floats(c.weight);
@@ -284,11 +286,6 @@ TEST_P(OptimizedLogprobsGolden, MatchesTheOracleOnRealRanks) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Logprobs, OptimizedLogprobsGolden,
-                         ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_LOGPROBS_DIR)));
-
-class OptimizedAttentionGolden : public ::testing::TestWithParam<std::string> {};
-
 // [rows][tokens][width] at `positions` of every row, as [rows * positions, width].
 Floats2 at_positions(const Floats3& x, const std::vector<std::int64_t>& positions) {
   Floats2 out;
@@ -303,8 +300,9 @@ Floats2 flattened(const Floats3& x) {
   return out;
 }
 
-TEST_P(OptimizedAttentionGolden, MatchesTheOracleOnRealRanks) {
-  const AttentionCase c = load_attention_case(GetParam());
+CPKIT_TEST_FOR_EACH_CASE(OptimizedAttentionGolden, MatchesTheOracleOnRealRanks,
+                         golden_case_names(CPKIT_GOLDEN_ATTENTION_DIR)) {
+  const AttentionCase c = load_attention_case(case_name);
   const auto outcomes = ranks::run_ranks_collect(c.batch.cp, [&c](int rank, const MeshPtr& mesh) {
     const Sharder s = prepare(c.batch, mesh);
     const LocalShard l = s.local(0);
@@ -339,13 +337,9 @@ TEST_P(OptimizedAttentionGolden, MatchesTheOracleOnRealRanks) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Attention, OptimizedAttentionGolden,
-                         ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_ATTENTION_DIR)));
-
-class OptimizedPolicyGolden : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(OptimizedPolicyGolden, MatchesTheOracleOnRealRanks) {
-  const PolicyCase c = load_policy_case(GetParam());
+CPKIT_TEST_FOR_EACH_CASE(OptimizedPolicyGolden, MatchesTheOracleOnRealRanks,
+                         golden_case_names(CPKIT_GOLDEN_POLICY_DIR)) {
+  const PolicyCase c = load_policy_case(case_name);
   const auto outcomes = ranks::run_ranks_collect(c.batch.cp, [&c](int rank, const MeshPtr& mesh) {
     const Sharder s = prepare(c.batch, mesh);
     const LocalShard l = s.local(0);
@@ -396,9 +390,6 @@ TEST_P(OptimizedPolicyGolden, MatchesTheOracleOnRealRanks) {
     EXPECT_EQ(o.output, "") << "rank " << o.rank << ":\n" << o.output;
   }
 }
-
-INSTANTIATE_TEST_SUITE_P(Policy, OptimizedPolicyGolden,
-                         ::testing::ValuesIn(golden_case_names(CPKIT_GOLDEN_POLICY_DIR)));
 
 }  // namespace
 }  // namespace cpkit::golden

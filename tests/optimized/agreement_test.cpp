@@ -53,20 +53,18 @@ void expect_disagreement(int world, const std::function<void(bool differs, const
   }));
 }
 
-class AgreementTest : public ::testing::TestWithParam<int> {};
-
-TEST_P(AgreementTest, GatherDtypesThatDifferRaise) {
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, GatherDtypesThatDifferRaise, 2, 3) {
   expect_disagreement(
-      GetParam(),
+      cp_size_param,
       [](bool differs, const MeshPtr& mesh) {
         gather_tokens(at::zeros({3, 2}, differs ? at::kDouble : at::kFloat), mesh, true);
       },
       "value", {"the dtype", "Double", "Float"});
 }
 
-TEST_P(AgreementTest, GatherSupportedDtypesThatDifferRaise) {
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, GatherSupportedDtypesThatDifferRaise, 2, 3) {
   expect_disagreement(
-      GetParam(),
+      cp_size_param,
       [](bool differs, const MeshPtr& mesh) {
         gather_tokens(at::zeros({3, 2}, differs ? at::kBFloat16 : at::kFloat), mesh, false);
       },
@@ -79,26 +77,29 @@ void loss_of(int64_t B, int64_t L, int64_t V, const MeshPtr& mesh) {
   shifted_cp_loss(at::randn({B, L, V}), labels, at::ones({B * L}, at::kBool), mesh);
 }
 
-TEST_P(AgreementTest, LossLocalLengthsThatDifferRaise) {
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, LossLocalLengthsThatDifferRaise, 2, 3) {
   expect_disagreement(
-      GetParam(), [](bool differs, const MeshPtr& mesh) { loss_of(2, differs ? 9 : 8, 32, mesh); },
-      "logits", {"the local length L is ", " 8 ", " 9 "});
+      cp_size_param,
+      [](bool differs, const MeshPtr& mesh) { loss_of(2, differs ? 9 : 8, 32, mesh); }, "logits",
+      {"the local length L is ", " 8 ", " 9 "});
 }
 
-TEST_P(AgreementTest, LossVocabulariesThatDifferRaise) {
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, LossVocabulariesThatDifferRaise, 2, 3) {
   expect_disagreement(
-      GetParam(), [](bool differs, const MeshPtr& mesh) { loss_of(2, 8, differs ? 33 : 32, mesh); },
-      "logits", {"the vocabulary size V", "32", "33"});
+      cp_size_param,
+      [](bool differs, const MeshPtr& mesh) { loss_of(2, 8, differs ? 33 : 32, mesh); }, "logits",
+      {"the vocabulary size V", "32", "33"});
 }
 
-TEST_P(AgreementTest, LossBatchSizesThatDifferRaise) {
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, LossBatchSizesThatDifferRaise, 2, 3) {
   expect_disagreement(
-      GetParam(), [](bool differs, const MeshPtr& mesh) { loss_of(differs ? 3 : 2, 8, 32, mesh); },
-      "logits", {"the batch size B"});
+      cp_size_param,
+      [](bool differs, const MeshPtr& mesh) { loss_of(differs ? 3 : 2, 8, 32, mesh); }, "logits",
+      {"the batch size B"});
 }
 
-TEST_P(AgreementTest, LinearLossVocabulariesThatDifferRaise) {
-  expect_disagreement(GetParam(),
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, LinearLossVocabulariesThatDifferRaise, 2, 3) {
+  expect_disagreement(cp_size_param,
                       [](bool differs, const MeshPtr& mesh) {
                         const int64_t V = differs ? 33 : 32;
                         shifted_cp_linear_loss(at::randn({1, 4, 8}), at::randn({V, 8}),
@@ -112,8 +113,8 @@ TEST_P(AgreementTest, LinearLossVocabulariesThatDifferRaise) {
 // computing in bf16 while its peers use fp32 would silently change the scaled sum).
 at::ScalarType dtype_of(bool differs) { return differs ? at::kBFloat16 : at::kFloat; }
 
-TEST_P(AgreementTest, LossDtypesThatDifferRaise) {
-  expect_disagreement(GetParam(),
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, LossDtypesThatDifferRaise, 2, 3) {
+  expect_disagreement(cp_size_param,
                       [](bool differs, const MeshPtr& mesh) {
                         shifted_cp_loss(at::randn({1, 4, 32}).to(dtype_of(differs)),
                                         at::randint(0, 32, {1, 4}, at::kLong),
@@ -122,8 +123,8 @@ TEST_P(AgreementTest, LossDtypesThatDifferRaise) {
                       "logits", {"the dtype", "BFloat16", "Float"});
 }
 
-TEST_P(AgreementTest, LinearLossDtypesThatDifferRaise) {
-  expect_disagreement(GetParam(),
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, LinearLossDtypesThatDifferRaise, 2, 3) {
+  expect_disagreement(cp_size_param,
                       [](bool differs, const MeshPtr& mesh) {
                         shifted_cp_linear_loss(at::randn({1, 4, 8}).to(dtype_of(differs)),
                                                at::randn({32, 8}).to(dtype_of(differs)),
@@ -133,8 +134,8 @@ TEST_P(AgreementTest, LinearLossDtypesThatDifferRaise) {
                       "hidden", {"the dtype", "BFloat16", "Float"});
 }
 
-TEST_P(AgreementTest, PolicyLossKindsThatDifferRaise) {
-  expect_disagreement(GetParam(),
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, PolicyLossKindsThatDifferRaise, 2, 3) {
+  expect_disagreement(cp_size_param,
                       [](bool differs, const MeshPtr& mesh) {
                         const at::Tensor x = at::zeros({1, 4});
                         PolicyLossOptions o;
@@ -146,8 +147,8 @@ TEST_P(AgreementTest, PolicyLossKindsThatDifferRaise) {
                       "kind", {"the kind", "1", "0"});
 }
 
-TEST_P(AgreementTest, TokenLogprobsDtypesThatDifferRaise) {
-  expect_disagreement(GetParam(),
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, TokenLogprobsDtypesThatDifferRaise, 2, 3) {
+  expect_disagreement(cp_size_param,
                       [](bool differs, const MeshPtr& mesh) {
                         token_logprobs(at::randn({1, 4, 8}).to(dtype_of(differs)),
                                        at::randn({32, 8}).to(dtype_of(differs)),
@@ -160,8 +161,8 @@ TEST_P(AgreementTest, TokenLogprobsDtypesThatDifferRaise) {
 // One rank passes a plan and the other none (labels made by hand, so no tie to a shard): the
 // plan is among the losses' agreed fields, so both raise instead of one entering the halo
 // exchange and the other the all-gather (a hang until the group's timeout).
-TEST_P(AgreementTest, LossPlansThatDifferRaise) {
-  expect_disagreement(GetParam(),
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, LossPlansThatDifferRaise, 2, 3) {
+  expect_disagreement(cp_size_param,
                       [](bool differs, const MeshPtr& mesh) {
                         const auto plan = std::make_shared<const LayoutPlan>(
                             plan_layout(LayoutKind::kHeadTail, 8 * mesh->size(), mesh->size()));
@@ -173,8 +174,8 @@ TEST_P(AgreementTest, LossPlansThatDifferRaise) {
 }
 
 // gather_tokens along a dim that differs per rank ([4, 4] on every rank: the shapes agree).
-TEST_P(AgreementTest, GatherDimsThatDifferRaise) {
-  expect_disagreement(GetParam(),
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, GatherDimsThatDifferRaise, 2, 3) {
+  expect_disagreement(cp_size_param,
                       [](bool differs, const MeshPtr& mesh) {
                         gather_tokens(at::zeros({4, 4}), mesh, false, differs ? 1 : 0);
                       },
@@ -196,23 +197,23 @@ void with_checks_off_after_a_seen_shape(int world,
                       argument, {"rank"});
 }
 
-TEST_P(AgreementTest, ChecksOffGatherShapeChangeRaises) {
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, ChecksOffGatherShapeChangeRaises, 2, 3) {
   with_checks_off_after_a_seen_shape(
-      GetParam(),
+      cp_size_param,
       [](int64_t n, const MeshPtr& mesh) {
         gather_tokens(at::zeros({n, 3}), mesh, false);
       },
       "value");
 }
 
-TEST_P(AgreementTest, ChecksOffLossShapeChangeRaises) {
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, ChecksOffLossShapeChangeRaises, 2, 3) {
   with_checks_off_after_a_seen_shape(
-      GetParam(), [](int64_t n, const MeshPtr& mesh) { loss_of(1, n, 16, mesh); }, "logits");
+      cp_size_param, [](int64_t n, const MeshPtr& mesh) { loss_of(1, n, 16, mesh); }, "logits");
 }
 
-TEST_P(AgreementTest, ChecksOffLinearLossShapeChangeRaises) {
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, ChecksOffLinearLossShapeChangeRaises, 2, 3) {
   with_checks_off_after_a_seen_shape(
-      GetParam(),
+      cp_size_param,
       [](int64_t n, const MeshPtr& mesh) {
         shifted_cp_linear_loss(at::randn({1, n, 8}), at::randn({16, 8}),
                                at::randint(0, 16, {1, n}, at::kLong), at::ones({n}, at::kBool),
@@ -221,9 +222,9 @@ TEST_P(AgreementTest, ChecksOffLinearLossShapeChangeRaises) {
       "hidden");
 }
 
-TEST_P(AgreementTest, ChecksOffTokenLogprobsShapeChangeRaises) {
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, ChecksOffTokenLogprobsShapeChangeRaises, 2, 3) {
   with_checks_off_after_a_seen_shape(
-      GetParam(),
+      cp_size_param,
       [](int64_t n, const MeshPtr& mesh) {
         token_logprobs(at::randn({1, n, 8}), at::randn({16, 8}),
                        at::randint(0, 16, {1, n}, at::kLong), at::ones({n}, at::kBool), mesh);
@@ -239,17 +240,17 @@ CPBatch ids_batch(int64_t S, uint64_t seed) {
   return b;
 }
 
-TEST_P(AgreementTest, ShardingDifferentBatchesRaise) {
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, ShardingDifferentBatchesRaise, 2, 3) {
   // A data loader seeded per rank: same shapes, other tokens.
-  expect_disagreement(GetParam(),
+  expect_disagreement(cp_size_param,
                       [](bool differs, const MeshPtr& mesh) {
                         prepare_cp_inputs(ids_batch(12, differs ? 2 : 1), mesh);
                       },
                       "input_ids", {"holds different values", "same global batch"});
 }
 
-TEST_P(AgreementTest, ShardingOneChangedLabelRaises) {
-  expect_disagreement(GetParam(),
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, ShardingOneChangedLabelRaises, 2, 3) {
+  expect_disagreement(cp_size_param,
                       [](bool differs, const MeshPtr& mesh) {
                         CPBatch b = ids_batch(12, 1);
                         if (differs) b.labels[1][7] = -100;
@@ -258,17 +259,17 @@ TEST_P(AgreementTest, ShardingOneChangedLabelRaises) {
                       "labels", {"holds different values"});
 }
 
-TEST_P(AgreementTest, ShardingDifferentLengthsRaise) {
-  expect_disagreement(GetParam(),
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, ShardingDifferentLengthsRaise, 2, 3) {
+  expect_disagreement(cp_size_param,
                       [](bool differs, const MeshPtr& mesh) {
                         prepare_cp_inputs(ids_batch(differs ? 13 : 12, 1), mesh);
                       },
                       "labels", {"the sequence length S", "12", "13"});
 }
 
-TEST_P(AgreementTest, ShardingDifferentDocumentLengthsRaise) {
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, ShardingDifferentDocumentLengthsRaise, 2, 3) {
   expect_disagreement(
-      GetParam(),
+      cp_size_param,
       [](bool differs, const MeshPtr& mesh) {
         CPBatch b = ids_batch(12, 1);
         b.input_ids = b.input_ids.narrow(0, 0, 1);
@@ -282,8 +283,8 @@ TEST_P(AgreementTest, ShardingDifferentDocumentLengthsRaise) {
       "seq_lens", {"holds different values"});
 }
 
-TEST_P(AgreementTest, ShardingDifferentOptionsRaise) {
-  expect_disagreement(GetParam(),
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, ShardingDifferentOptionsRaise, 2, 3) {
+  expect_disagreement(cp_size_param,
                       [](bool differs, const MeshPtr& mesh) {
                         prepare_cp_inputs(ids_batch(12, 1), mesh, 1, true,
                                           {.pad_multiple = differs ? 2 : 1});
@@ -291,17 +292,17 @@ TEST_P(AgreementTest, ShardingDifferentOptionsRaise) {
                       "pad_multiple", {"pad_multiple is ", "1", "2"});
 }
 
-TEST_P(AgreementTest, ChecksOffShardingShapeChangeRaises) {
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, ChecksOffShardingShapeChangeRaises, 2, 3) {
   with_checks_off_after_a_seen_shape(
-      GetParam(),
+      cp_size_param,
       [](int64_t n, const MeshPtr& mesh) { prepare_cp_inputs(ids_batch(2 * n, 1), mesh); },
       "labels");
 }
 
 // A loss given no plan for a shard cut with the balanced layout (every rank alike) would read
 // each fragment's next token from the wrong place; the shard's valid remembers its plan.
-TEST_P(AgreementTest, LossWithoutTheShardsPlanRaises) {
-  expect_all_ranks_ok(run_ranks(GetParam(), [](int, const MeshPtr& mesh) {
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, LossWithoutTheShardsPlanRaises, 2, 3) {
+  expect_all_ranks_ok(run_ranks(cp_size_param, [](int, const MeshPtr& mesh) {
     CPBatch b = ids_batch(600, 1);
     b.input_ids = b.input_ids.narrow(0, 0, 1);
     b.labels = b.labels.narrow(0, 0, 1);
@@ -323,16 +324,14 @@ TEST_P(AgreementTest, LossWithoutTheShardsPlanRaises) {
   }));
 }
 
-TEST_P(AgreementTest, AgreeingRanksPass) {
-  const int world = GetParam();
+CPKIT_TEST_AT_CP_SIZES(AgreementTest, AgreeingRanksPass, 2, 3) {
+  const int world = cp_size_param;
   expect_all_ranks_ok(run_ranks(world, [](int, const MeshPtr& mesh) {
     const Sharder s = prepare_cp_inputs(ids_batch(12, 1), mesh);
     require(s.local(0).input_ids.size(1) * mesh->size() >= 12, "sharded");
     loss_of(2, 8, 32, mesh);
   }));
 }
-
-INSTANTIATE_TEST_SUITE_P(CpSizes, AgreementTest, ::testing::Values(2, 3));
 
 TEST(ValueChecksum, ChangesWithAnyOneValueAndWithASwap) {
   const at::Tensor t = at::randint(-1000, 1000, {3, 17}, at::kLong);

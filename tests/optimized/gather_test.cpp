@@ -23,10 +23,8 @@ at::Tensor rank_value(int rank, int64_t tokens, at::ScalarType dtype) {
   return at::randn({tokens, 3, 2}).to(dtype);
 }
 
-class GatherTokensTest : public ::testing::TestWithParam<int> {};
-
-TEST_P(GatherTokensTest, ForwardIsRankOrderConcatenation) {
-  const int world = GetParam();
+CPKIT_TEST_AT_CP_SIZES(GatherTokensTest, ForwardIsRankOrderConcatenation, 1, 2, 3, 4) {
+  const int world = cp_size_param;
   expect_all_ranks_ok(run_ranks(world, [world](int rank, const MeshPtr& mesh) {
     for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
       std::vector<at::Tensor> all;
@@ -40,8 +38,8 @@ TEST_P(GatherTokensTest, ForwardIsRankOrderConcatenation) {
 
 // Every dtype torch.distributed.all_gather moves travels as its bytes: float64, int32, int8,
 // float8 and bool, compared in double (float8 has no equality kernel of its own).
-TEST_P(GatherTokensTest, ForwardMovesEveryDtype) {
-  const int world = GetParam();
+CPKIT_TEST_AT_CP_SIZES(GatherTokensTest, ForwardMovesEveryDtype, 1, 2, 3, 4) {
+  const int world = cp_size_param;
   expect_all_ranks_ok(run_ranks(world, [world](int rank, const MeshPtr& mesh) {
     for (auto dtype : {at::kDouble, at::kInt, at::kChar, at::kFloat8_e4m3fn, at::kBool}) {
       std::vector<at::Tensor> all;
@@ -53,8 +51,8 @@ TEST_P(GatherTokensTest, ForwardMovesEveryDtype) {
   }));
 }
 
-TEST_P(GatherTokensTest, BackwardSumsEveryRanksGradientOntoTheOwner) {
-  const int world = GetParam();
+CPKIT_TEST_AT_CP_SIZES(GatherTokensTest, BackwardSumsEveryRanksGradientOntoTheOwner, 1, 2, 3, 4) {
+  const int world = cp_size_param;
   expect_all_ranks_ok(run_ranks(world, [world](int rank, const MeshPtr& mesh) {
     const int64_t n = 4;
     for (auto dtype : {at::kFloat, at::kDouble}) {
@@ -77,8 +75,8 @@ TEST_P(GatherTokensTest, BackwardSumsEveryRanksGradientOntoTheOwner) {
 // Along any dim (an attention layer's [B, H, S, D] keys gather along S): the concatenation
 // of every rank's tensor along that dim in rank order; the backward sums every rank's
 // upstream slice of this rank's tokens; negative dims count from the end.
-TEST_P(GatherTokensTest, AlongAnyDimIsConcatenationAndItsBackwardSums) {
-  const int world = GetParam();
+CPKIT_TEST_AT_CP_SIZES(GatherTokensTest, AlongAnyDimIsConcatenationAndItsBackwardSums, 1, 2, 3, 4) {
+  const int world = cp_size_param;
   expect_all_ranks_ok(run_ranks(world, [world](int rank, const MeshPtr& mesh) {
     const int64_t n = 3;
     auto value_of = [](int r) {  // [B 2, H 3, S n, D 2], known to every rank
@@ -120,8 +118,8 @@ TEST_P(GatherTokensTest, AlongAnyDimIsConcatenationAndItsBackwardSums) {
 // The upstream in the layouts a trainer's dK/dV really have (token axis not outermost in
 // memory, a strided slice beside NaN junk, a broadcast): the same owner gradient as its
 // contiguous copy gives.
-TEST_P(GatherTokensTest, BackwardTakesAnyUpstreamLayout) {
-  const int world = GetParam();
+CPKIT_TEST_AT_CP_SIZES(GatherTokensTest, BackwardTakesAnyUpstreamLayout, 1, 2, 3, 4) {
+  const int world = cp_size_param;
   expect_all_ranks_ok(run_ranks(world, [world](int rank, const MeshPtr& mesh) {
     const int64_t n = 3, rows = world * n;
     // Rank r's upstream values (known to every rank): random, or one row broadcast.
@@ -153,10 +151,8 @@ TEST_P(GatherTokensTest, BackwardTakesAnyUpstreamLayout) {
 }
 
 // Mismatches need at least two ranks.
-class GatherMismatchTest : public ::testing::TestWithParam<int> {};
-
-TEST_P(GatherMismatchTest, DifferentCountsRaiseOnEveryRank) {
-  const int world = GetParam();
+CPKIT_TEST_AT_CP_SIZES(GatherMismatchTest, DifferentCountsRaiseOnEveryRank, 2, 3, 4) {
+  const int world = cp_size_param;
   expect_all_ranks_ok(run_ranks(world, [](int rank, const MeshPtr& mesh) {
     try {
       gather_tokens(at::zeros({rank + 1, 2}), mesh, true);
@@ -170,8 +166,8 @@ TEST_P(GatherMismatchTest, DifferentCountsRaiseOnEveryRank) {
   }));
 }
 
-TEST_P(GatherMismatchTest, DifferentTrailingShapesRaiseOnEveryRank) {
-  const int world = GetParam();
+CPKIT_TEST_AT_CP_SIZES(GatherMismatchTest, DifferentTrailingShapesRaiseOnEveryRank, 2, 3, 4) {
+  const int world = cp_size_param;
   expect_all_ranks_ok(run_ranks(world, [](int rank, const MeshPtr& mesh) {
     try {
       gather_tokens(at::zeros({3, rank + 1}), mesh, false);
@@ -186,8 +182,9 @@ TEST_P(GatherMismatchTest, DifferentTrailingShapesRaiseOnEveryRank) {
 // With the value checks off a rank checks a (shape, dtype) once per mesh. Every new one is
 // still checked after others were seen: ranks that all meet a new count, trailing shape or
 // dtype, and disagree on it, raise instead of gathering mismatched bytes.
-TEST_P(GatherMismatchTest, NewShapesAndDtypesAreCheckedAfterOthersWereSeen) {
-  const int world = GetParam();
+CPKIT_TEST_AT_CP_SIZES(GatherMismatchTest, NewShapesAndDtypesAreCheckedAfterOthersWereSeen, 2, 3,
+                       4) {
+  const int world = cp_size_param;
   expect_all_ranks_ok(run_ranks(world, [](int rank, const MeshPtr& mesh) {
     struct ChecksOff {
       ChecksOff() { set_value_checks(ValueChecks::kNever); }
@@ -214,9 +211,6 @@ TEST_P(GatherMismatchTest, NewShapesAndDtypesAreCheckedAfterOthersWereSeen) {
         at::arange(mesh->size()).repeat_interleave(3).to(at::kFloat), "after");
   }));
 }
-
-INSTANTIATE_TEST_SUITE_P(CpSizes, GatherTokensTest, ::testing::Values(1, 2, 3, 4));
-INSTANTIATE_TEST_SUITE_P(CpSizes, GatherMismatchTest, ::testing::Values(2, 3, 4));
 
 TEST(GatherTokensNoMesh, IsIdentity) {
   const at::Tensor v = at::randn({3, 2}).requires_grad_(true);

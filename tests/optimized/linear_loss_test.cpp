@@ -82,23 +82,19 @@ void check_rank(int rank, const MeshPtr& mesh, at::ScalarType dtype, double soft
                  "gradients in the inputs' dtype");
 }
 
-class LinearLossTest : public ::testing::TestWithParam<int> {};
-
-TEST_P(LinearLossTest, EqualsTheMaterialisedPath) {
-  expect_all_ranks_ok(run_ranks(GetParam(), [](int rank, const MeshPtr& mesh) {
+CPKIT_TEST_AT_CP_SIZES(LinearLossTest, EqualsTheMaterialisedPath, 1, 2, 3) {
+  expect_all_ranks_ok(run_ranks(cp_size_param, [](int rank, const MeshPtr& mesh) {
     for (const int64_t chunk : {0, 1, 7, 18}) check_rank(rank, mesh, at::kFloat, 0.0, chunk);
     check_rank(rank, mesh, at::kFloat, 5.0, 4);
   }));
 }
 
-TEST_P(LinearLossTest, Bfloat16EqualsTheMaterialisedPath) {
-  expect_all_ranks_ok(run_ranks(GetParam(), [](int rank, const MeshPtr& mesh) {
+CPKIT_TEST_AT_CP_SIZES(LinearLossTest, Bfloat16EqualsTheMaterialisedPath, 1, 2, 3) {
+  expect_all_ranks_ok(run_ranks(cp_size_param, [](int rank, const MeshPtr& mesh) {
     check_rank(rank, mesh, at::kBFloat16, 0.0, 5);
     check_rank(rank, mesh, at::kBFloat16, 30.0, 0);
   }));
 }
-
-INSTANTIATE_TEST_SUITE_P(CpSizes, LinearLossTest, ::testing::Values(1, 2, 3));
 
 TEST(LinearLossChunks, DefaultFollowsTheBudget) {
   // 256 MiB of fp32 logits and <= 512 rows on CPU, 1 GiB on CUDA, rounded down to 64 rows.

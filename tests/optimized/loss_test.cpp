@@ -86,34 +86,30 @@ void check_rank(int rank, const MeshPtr& mesh, int64_t B, int64_t S, int64_t V, 
   }
 }
 
-class ShiftedLossTest : public ::testing::TestWithParam<int> {};
-
-TEST_P(ShiftedLossTest, MeanOverRanksEqualsTorchCrossEntropy) {
-  expect_all_ranks_ok(run_ranks(GetParam(), [](int rank, const MeshPtr& mesh) {
+CPKIT_TEST_AT_CP_SIZES(ShiftedLossTest, MeanOverRanksEqualsTorchCrossEntropy, 1, 2, 3, 4) {
+  expect_all_ranks_ok(run_ranks(cp_size_param, [](int rank, const MeshPtr& mesh) {
     check_rank(rank, mesh, 2, 11, 37, 1.0, false);
   }));
 }
 
-TEST_P(ShiftedLossTest, LargeLogitsStayFinite) {
-  expect_all_ranks_ok(run_ranks(GetParam(), [](int rank, const MeshPtr& mesh) {
+CPKIT_TEST_AT_CP_SIZES(ShiftedLossTest, LargeLogitsStayFinite, 1, 2, 3, 4) {
+  expect_all_ranks_ok(run_ranks(cp_size_param, [](int rank, const MeshPtr& mesh) {
     check_rank(rank, mesh, 1, 9, 50, 1e4, false);
   }));
 }
 
-TEST_P(ShiftedLossTest, AllIgnoredGivesExactZero) {
-  expect_all_ranks_ok(run_ranks(GetParam(), [](int rank, const MeshPtr& mesh) {
+CPKIT_TEST_AT_CP_SIZES(ShiftedLossTest, AllIgnoredGivesExactZero, 1, 2, 3, 4) {
+  expect_all_ranks_ok(run_ranks(cp_size_param, [](int rank, const MeshPtr& mesh) {
     check_rank(rank, mesh, 2, 6, 5, 1.0, true);
   }));
 }
 
-TEST_P(ShiftedLossTest, ShortSequenceLeavesRanksEmpty) {
+CPKIT_TEST_AT_CP_SIZES(ShiftedLossTest, ShortSequenceLeavesRanksEmpty, 1, 2, 3, 4) {
   // S = 2 < CP for CP >= 3: some ranks hold only padding.
-  expect_all_ranks_ok(run_ranks(GetParam(), [](int rank, const MeshPtr& mesh) {
+  expect_all_ranks_ok(run_ranks(cp_size_param, [](int rank, const MeshPtr& mesh) {
     check_rank(rank, mesh, 3, 2, 7, 1.0, false);
   }));
 }
-
-INSTANTIATE_TEST_SUITE_P(CpSizes, ShiftedLossTest, ::testing::Values(1, 2, 3, 4));
 
 TEST(ShiftedLossSoftcap, MatchesCappingBeforeTheLoss) {
   at::manual_seed(5);

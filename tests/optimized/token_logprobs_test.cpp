@@ -84,10 +84,8 @@ Values ours(const Batch& b, const MeshPtr& mesh, int64_t begin, int64_t n,
   return {r.logprobs, r.entropy, r.has_target, grads[0], grads[1]};
 }
 
-class TokenLogprobsTest : public ::testing::TestWithParam<int> {};
-
-TEST_P(TokenLogprobsTest, EqualsDoubleLogSoftmaxOfTheUnshardedBatch) {
-  expect_all_ranks_ok(run_ranks(GetParam(), [](int rank, const MeshPtr& mesh) {
+CPKIT_TEST_AT_CP_SIZES(TokenLogprobsTest, EqualsDoubleLogSoftmaxOfTheUnshardedBatch, 1, 2, 3) {
+  expect_all_ranks_ok(run_ranks(cp_size_param, [](int rank, const MeshPtr& mesh) {
     const int64_t L = 7;
     const Batch b = make_batch(2, cp_size(mesh) * L, 24, 301, 3.0, at::kFloat);
     for (const double softcap : {0.0, 5.0})
@@ -108,8 +106,6 @@ TEST_P(TokenLogprobsTest, EqualsDoubleLogSoftmaxOfTheUnshardedBatch) {
         }
   }));
 }
-
-INSTANTIATE_TEST_SUITE_P(CpSizes, TokenLogprobsTest, ::testing::Values(1, 2, 3));
 
 double relative_error(const at::Tensor& got, const at::Tensor& want) {
   return ((got.to(at::kDouble) - want).norm() / want.norm()).item<double>();
