@@ -17,6 +17,8 @@ struct DemoOptions {
   int tail = 3;           // row-tail padding tokens after the last slot
   int vocab = 32;
   std::uint64_t seed = 1;
+  std::string layout = "contiguous";  // spec 2b: contiguous, head_tail or balanced
+  double balance_slack = 0.02;        // balanced: work and tile cost allowed above even
   std::string impl = "reference";
   std::string launcher = "fork";  // fork: --cp rank processes; env: one rank of torchrun/srun
   bool help = false;

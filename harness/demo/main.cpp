@@ -40,7 +40,8 @@ reference::FloatMatrix make_demo_logits(const DemoOptions& o, Eigen::Index padde
 DemoResult run_reference(const DemoOptions& o) {
   using namespace reference;
   const PackedBatch batch = make_demo_batch(o);
-  const Sharder sharder = prepare_packed_cp_inputs(batch, {.cp_size = o.cp});
+  const Sharder sharder = prepare_packed_cp_inputs(
+      batch, {.cp_size = o.cp, .layout = o.layout, .balance_slack = o.balance_slack});
   const GlobalStreams& g = sharder.global(0);
   const FloatMatrix logits = make_demo_logits(o, g.padded_len);
 
@@ -50,12 +51,15 @@ DemoResult run_reference(const DemoOptions& o) {
   std::vector<BoolVector> valid;
   for (int r = 0; r < o.cp; ++r) {
     result.shards.push_back(sharder.local(0, r));
-    const auto& l = result.shards.back().layout;
-    local_logits.push_back(logits.middleRows(l.begin, l.local_len));
+    const auto& positions = result.shards.back().layout.positions;
+    local_logits.push_back(logits(positions, Eigen::all));  // the rank's tokens, in local order
     labels.push_back(result.shards.back().labels);
     valid.push_back(result.shards.back().valid);
   }
-  result.losses = shifted_cp_loss(local_logits, labels, valid);
+  // A layout other than contiguous: each token's target is the next global position's.
+  LossOptions loss_options;
+  if (o.layout != "contiguous") loss_options.layout = g.owned;
+  result.losses = shifted_cp_loss(local_logits, labels, valid, loss_options);
   for (const auto& loss : result.losses) result.combined += loss.value / o.cp;
 
   // Single device: HF labels for a packed row (-100 on padding and each document's first

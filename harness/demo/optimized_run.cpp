@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cpkit/optimized/launch.hpp"
+#include "cpkit/optimized/layout.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/sharder.hpp"
 #include "demo.hpp"
@@ -19,13 +20,16 @@ at::Tensor to_tensor(const reference::IntMatrix& m) {
       .clone();
 }
 
-// One line per stream: name then the values of the shard's single row.
+at::Tensor layout_positions_tensor(const LocalShard& s) {
+  return at::tensor(layout_positions(*s.layout.plan, s.layout.rank), at::kLong);
+}
+
+// One line per stream (the rank's global positions first): the values of its single row.
 std::string serialise(const LocalShard& s, float loss) {
   std::ostringstream os;
-  os << s.layout.fragments.front().begin << " " << s.layout.fragments.back().end << " "
-     << s.layout.padded_len << " " << s.layout.seq_len << " " << s.layout.local_len << "\n";
-  for (const at::Tensor& t : {s.input_ids, s.labels, s.position_ids, s.document_ids,
-                              s.padding.to(at::kLong), s.valid.to(at::kLong)}) {
+  os << s.layout.padded_len << " " << s.layout.seq_len << " " << s.layout.local_len << "\n";
+  for (const at::Tensor& t : {layout_positions_tensor(s), s.input_ids, s.labels, s.position_ids,
+                              s.document_ids, s.padding.to(at::kLong), s.valid.to(at::kLong)}) {
     const at::Tensor row = t.flatten().contiguous();
     for (int64_t i = 0; i < row.numel(); ++i) os << row[i].item<int64_t>() << " ";
     os << "\n";
@@ -38,7 +42,9 @@ std::string serialise(const LocalShard& s, float loss) {
 void parse(const std::string& text, reference::LocalShard& shard, double& loss) {
   std::istringstream in(text);
   auto& l = shard.layout;
-  in >> l.begin >> l.end >> l.padded_len >> l.seq_len >> l.local_len;
+  in >> l.padded_len >> l.seq_len >> l.local_len;
+  l.positions.resize(static_cast<std::size_t>(l.local_len));
+  for (std::int64_t& p : l.positions) in >> p;
   auto read_row = [&](auto& m) {
     m.resize(1, l.local_len);
     for (Eigen::Index j = 0; j < l.local_len; ++j) {
@@ -68,6 +74,8 @@ void parse(const std::string& text, reference::LocalShard& shard, double& loss) 
 struct DemoInputs {
   CPBatch batch;
   at::Tensor logits;  // [1, T_pad, V]
+  std::string layout;
+  double balance_slack = 0;
 };
 
 DemoInputs demo_inputs(const DemoOptions& o) {
@@ -79,21 +87,25 @@ DemoInputs demo_inputs(const DemoOptions& o) {
   in.batch.seq_lens = to_tensor(packed.seq_lens);
   in.batch.seq_lens_padded = to_tensor(packed.seq_lens_padded);
   const std::int64_t T = packed.labels.cols();
-  const std::int64_t T_pad = o.cp == 1 ? T : (T + o.cp - 1) / o.cp * o.cp;
+  const std::int64_t T_pad = layout_padded_length(layout_kind(o.layout), T, o.cp, 1);
   const reference::FloatMatrix logits = make_demo_logits(o, T_pad);
   in.logits =
       at::from_blob(const_cast<float*>(logits.data()), {1, T_pad, o.vocab}, at::kFloat).clone();
+  in.layout = o.layout;
+  in.balance_slack = o.balance_slack;
   return in;
 }
 
 // One rank's part: its shard and its loss, as text.
 std::string run_rank(const DemoInputs& in, const MeshPtr& mesh) {
-  const Sharder sharder = prepare_packed_cp_inputs(in.batch, mesh, /*num_chunks=*/1);
+  PadOptions pad;
+  pad.layout = layout_kind(in.layout);
+  pad.balance_slack = in.balance_slack;
+  const Sharder sharder = prepare_packed_cp_inputs(in.batch, mesh, /*num_chunks=*/1, true, pad);
   const LocalShard shard = sharder.local(0);
-  const at::Tensor local_logits =
-      in.logits.narrow(1, shard.layout.fragments.front().begin, shard.layout.local_len)
-          .contiguous();
-  const at::Tensor loss = shifted_cp_loss(local_logits, shard.labels, shard.valid, mesh);
+  const at::Tensor local_logits = in.logits.index_select(1, layout_positions_tensor(shard));
+  const at::Tensor loss =
+      shifted_cp_loss(local_logits, shard.labels, shard.valid, mesh, {.layout = shard.layout.plan});
   return serialise(shard, loss.item<float>());
 }
 

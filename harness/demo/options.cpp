@@ -38,6 +38,11 @@ void print_help(std::ostream& os) {
         "  --tail N           row-tail padding tokens after the last slot (default 3)\n"
         "  --vocab N          vocabulary size, >= 2 (default 32)\n"
         "  --seed N           seed for ids and logits (default 1)\n"
+        "  --layout KIND      which rank owns which tokens: contiguous (default), head_tail\n"
+        "                     or balanced; each rank's line then shows its fragments, its\n"
+        "                     causal attention work and the keys it needs from other ranks\n"
+        "  --balance-slack X  balanced: how far above even work may be to cut fewer\n"
+        "                     documents (default 0.02; 0: the most even plan)\n"
         "  --impl NAME        reference (the Eigen oracle; default) or optimized (LibTorch\n"
         "                     path in --cp real rank processes over Gloo, compared with the\n"
         "                     reference)\n"
@@ -73,6 +78,20 @@ DemoOptions parse_options(int argc, char** argv) {
       o.vocab = static_cast<int>(parse_int(flag, value, 2));
     } else if (flag == "--seed") {
       o.seed = static_cast<std::uint64_t>(parse_int(flag, value, 0));
+    } else if (flag == "--layout") {
+      if (value != "contiguous" && value != "head_tail" && value != "balanced")
+        throw std::invalid_argument(flag + ": unknown layout '" + value +
+                                    "' (available: contiguous, head_tail, balanced)");
+      o.layout = value;
+    } else if (flag == "--balance-slack") {
+      std::size_t used = 0;
+      try {
+        o.balance_slack = std::stod(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != value.size() || !(o.balance_slack >= 0))
+        throw std::invalid_argument(flag + ": '" + value + "' is not a number >= 0");
     } else if (flag == "--impl") {
       if (value != "reference" && value != "optimized")
         throw std::invalid_argument(flag + ": unknown implementation '" + value +
