@@ -272,7 +272,8 @@ class Sharder:
     """
 
     def __init__(self, batch: Batch, mesh: Mesh, num_chunks: int, shard_primary: bool,
-                 pad_multiple: int, pad_token_id: int, qkv_format: str, layout: str) -> None:
+                 pad_multiple: int, pad_token_id: int, qkv_format: str, layout: str,
+                 balance_slack: Optional[float] = None) -> None:
         for key in sorted(batch):  # the library's check of each field (CPBatch)
             torch.ops.cpkit.check_batch_field(key, *_kind_of(batch[key]))
         if batch.get("labels") is None:  # the op's schema needs a tensor: the library's words
@@ -285,13 +286,14 @@ class Sharder:
         self._pad_token_id = pad_token_id
         self._num_chunks = num_chunks
         self._layout_kind = layout
+        self._balance_slack = balance_slack  # None: the library's default
         self._packed = qkv_format == "thd"
         self._format = qkv_format
         # Through the CP group: the ranks check that they shard the same batch.
         flat = torch.ops.cpkit.shard(
             *(batch.get(key) for key in _TENSOR_KEYS), self.images,
             batch.get("qkv_format", qkv_format), self._packed, group_name(mesh),
-            num_chunks, shard_primary, pad_multiple, pad_token_id, layout,
+            num_chunks, shard_primary, pad_multiple, pad_token_id, layout, balance_slack,
         )
         n = len(SHARD_STREAMS)
         self._shards = [dict(zip(SHARD_STREAMS, flat[i:i + n])) for i in range(0, len(flat), n)]
@@ -332,6 +334,7 @@ class Sharder:
         cu_q, cu_k, scalars, k_index = torch.ops.cpkit.attention_offsets(
             *(self._batch.get(key) for key in _TENSOR_KEYS), self._format, self.cp_size,
             self.rank, self._num_chunks, self._pad_multiple, microbatch, self._layout_kind,
+            self._balance_slack,
         )
         names = ("max_seqlen_q", "max_seqlen_k", "k_begin", "k_end")
         self._offsets[microbatch] = {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
@@ -350,7 +353,7 @@ class Sharder:
         return torch.ops.cpkit.attention_plan(
             *(self._batch.get(key) for key in _TENSOR_KEYS), self._format, self.cp_size,
             self.rank, self._num_chunks, self._pad_multiple, microbatch, self._layout_kind,
-            int(window),
+            int(window), self._balance_slack,
         )
 
     def layout(self, microbatch: int) -> dict:
@@ -424,11 +427,15 @@ def prepare_packed_cp_inputs(
     pad_multiple: int = 1,
     pad_token_id: int = 0,
     layout: str = "contiguous",
+    balance_slack: Optional[float] = None,
 ) -> Sharder:
     """Shards packed documents (``qkv_format`` "thd"): one packed row per microbatch, so
     ``num_chunks`` rows; ``seq_lens`` / ``seq_lens_padded`` ``[num_chunks, D]`` end ragged
     lists with -1000. ``layout``: "contiguous", "head_tail" or "balanced" (documents of any
-    length spread so every rank does the same causal attention work; docs/spec.md 2b)."""
+    length spread so every rank does about the same causal attention work; docs/spec.md 2b).
+    ``balance_slack`` (balanced): how far above even the ranks' work and tile cost may be for
+    the plan to cut fewer documents and so move fewer keys; None: the library's default
+    (0.02), 0: the most even plan."""
     return Sharder(batch, mesh, num_chunks, shard_primary, pad_multiple, pad_token_id, "thd",
-                   layout)
+                   layout, balance_slack)
 

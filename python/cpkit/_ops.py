@@ -290,7 +290,7 @@ SHARD_STREAMS = tuple(torch.ops.cpkit.shard_streams())
 def _shard_fake(
     input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens, seq_lens_padded,
     images, qkv_format, packed, group_name, num_chunks, shard_primary, pad_multiple,
-    pad_token_id, layout="contiguous",
+    pad_token_id, layout="contiguous", balance_slack=None,
 ):  # type: ignore[no-untyped-def]
     cp_size, rank = _group_size_and_rank(group_name)
     batch, seq_len = labels.shape
@@ -325,6 +325,7 @@ def _shard_fake(
 def _offsets_fake(
     input_ids, inputs_embeds, labels, position_ids, attention_mask, seq_lens, seq_lens_padded,
     qkv_format, cp_size, rank, num_chunks, pad_multiple, microbatch, layout="contiguous",
+    balance_slack=None,
 ):  # type: ignore[no-untyped-def]
     ctx = torch.library.get_ctx()
     segments = ctx.new_dynamic_size()  # data-dependent

@@ -103,12 +103,12 @@ std::vector<at::Tensor> attention_plan_op(
     const std::optional<at::Tensor>& attention_mask, const std::optional<at::Tensor>& seq_lens,
     const std::optional<at::Tensor>& seq_lens_padded, const std::string& qkv_format,
     int64_t cp_size, int64_t rank, int64_t num_chunks, int64_t pad_multiple, int64_t microbatch,
-    const std::string& layout, int64_t window) {
+    const std::string& layout, int64_t window, std::optional<double> balance_slack) {
   return checked([&] {
     const Sharder sharder =
         sharder_for(batch_of(input_ids, inputs_embeds, labels, position_ids, attention_mask,
                              seq_lens, seq_lens_padded, qkv_format),
-                    cp_size, rank, num_chunks, pad_multiple, layout);
+                    cp_size, rank, num_chunks, pad_multiple, layout, balance_slack);
     return encode(
         attention_plan(sharder, static_cast<int>(microbatch), static_cast<int>(rank), window));
   });
@@ -147,7 +147,7 @@ TORCH_LIBRARY_FRAGMENT(cpkit, m) {
       "attention_plan(Tensor? input_ids, Tensor? inputs_embeds, Tensor labels, "
       "Tensor? position_ids, Tensor? attention_mask, Tensor? seq_lens, Tensor? seq_lens_padded, "
       "str qkv_format, int cp_size, int rank, int num_chunks, int pad_multiple, int microbatch, "
-      "str layout, int window) -> Tensor[]",
+      "str layout, int window, float? balance_slack=None) -> Tensor[]",
       &attention_plan_op);
   // Returns (out, lse, received); received (the keys and values that came in) feeds the
   // backward.

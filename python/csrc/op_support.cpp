@@ -23,9 +23,16 @@ CPBatch batch_of(const std::optional<at::Tensor>& input_ids,
   return batch;
 }
 
+PadOptions pad_options(int64_t pad_multiple, int64_t pad_token_id, const std::string& layout,
+                       std::optional<double> balance_slack) {
+  return {static_cast<int>(pad_multiple), pad_token_id, layout_kind(layout),
+          balance_slack.value_or(kDefaultBalanceSlack)};
+}
+
 Sharder sharder_for(const CPBatch& batch, int64_t cp_size, int64_t rank, int64_t num_chunks,
-                    int64_t pad_multiple, const std::string& layout) {
-  const PadOptions pad{static_cast<int>(pad_multiple), 0, layout_kind(layout)};
+                    int64_t pad_multiple, const std::string& layout,
+                    std::optional<double> balance_slack) {
+  const PadOptions pad = pad_options(pad_multiple, 0, layout, balance_slack);
   Sharder sharder = batch.qkv_format == "thd"
                         ? prepare_packed_cp_inputs_for(batch, static_cast<int>(cp_size),
                                                        static_cast<int>(num_chunks), false, pad)

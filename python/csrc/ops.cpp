@@ -173,8 +173,8 @@ void set_value_checks_op(const std::string& mode) {
 // checks the batch's qkv_format.
 Sharder sharder_on(const CPBatch& batch, bool packed, const MeshPtr& mesh, int64_t num_chunks,
                    bool shard_primary, int64_t pad_multiple, int64_t pad_token_id,
-                   const std::string& layout) {
-  const PadOptions pad{static_cast<int>(pad_multiple), pad_token_id, layout_kind(layout)};
+                   const std::string& layout, std::optional<double> balance_slack) {
+  const PadOptions pad = pad_options(pad_multiple, pad_token_id, layout, balance_slack);
   return packed ? prepare_packed_cp_inputs(batch, mesh, static_cast<int>(num_chunks), shard_primary,
                                            pad)
                 : prepare_cp_inputs(batch, mesh, static_cast<int>(num_chunks), shard_primary, pad);
@@ -195,14 +195,15 @@ std::vector<at::Tensor> shard_op(
     const std::optional<at::Tensor>& attention_mask, const std::optional<at::Tensor>& seq_lens,
     const std::optional<at::Tensor>& seq_lens_padded, at::TensorList images,
     const std::string& qkv_format, bool packed, const std::string& group_name, int64_t num_chunks,
-    bool shard_primary, int64_t pad_multiple, int64_t pad_token_id, const std::string& layout) {
+    bool shard_primary, int64_t pad_multiple, int64_t pad_token_id, const std::string& layout,
+    std::optional<double> balance_slack) {
   return checked([&] {
     // Through the mesh: the ranks check that they shard the same batch (sharder.hpp).
     const Sharder sharder =
         sharder_on(batch_of(input_ids, inputs_embeds, labels, position_ids, attention_mask,
                             seq_lens, seq_lens_padded, qkv_format, images.vec()),
                    packed, mesh_for(group_name, labels.device()), num_chunks, shard_primary,
-                   pad_multiple, pad_token_id, layout);
+                   pad_multiple, pad_token_id, layout, balance_slack);
     const int rank = sharder.rank();
     // A fresh empty tensor for each absent output: outputs never alias each other.
     const auto none = [&] { return at::empty({0}, labels.options()); };
@@ -238,12 +239,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_offsets_op(
     const std::optional<at::Tensor>& attention_mask, const std::optional<at::Tensor>& seq_lens,
     const std::optional<at::Tensor>& seq_lens_padded, const std::string& qkv_format,
     int64_t cp_size, int64_t rank, int64_t num_chunks, int64_t pad_multiple, int64_t microbatch,
-    const std::string& layout) {
+    const std::string& layout, std::optional<double> balance_slack) {
   return checked([&] {
     const Sharder sharder =
         sharder_for(batch_of(input_ids, inputs_embeds, labels, position_ids, attention_mask,
                              seq_lens, seq_lens_padded, qkv_format),
-                    cp_size, rank, num_chunks, pad_multiple, layout);
+                    cp_size, rank, num_chunks, pad_multiple, layout, balance_slack);
     const AttentionOffsets o =
         attention_offsets(sharder, static_cast<int>(microbatch), static_cast<int>(rank));
     return std::make_tuple(o.cu_seqlens_q, o.cu_seqlens_k,
@@ -256,12 +257,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_offsets_op(
 // slot lengths, and without them gives the three lengths alone (what the fake kernels need).
 std::vector<int64_t> shard_layout_op(int64_t seq_len, int64_t cp_size, int64_t rank,
                                      int64_t pad_multiple, const std::string& layout,
-                                     const std::optional<std::vector<int64_t>>& slot_lens) {
+                                     const std::optional<std::vector<int64_t>>& slot_lens,
+                                     std::optional<double> balance_slack) {
   return checked([&] {
     const LayoutKind kind = layout_kind(layout);
     if (kind == LayoutKind::kBalanced && slot_lens.has_value()) {
       const auto plan = std::make_shared<const LayoutPlan>(plan_balanced(
-          *slot_lens, seq_len, static_cast<int>(cp_size), static_cast<int>(pad_multiple)));
+          *slot_lens, seq_len, static_cast<int>(cp_size), static_cast<int>(pad_multiple),
+          balance_slack.value_or(kDefaultBalanceSlack)));
       return layout_summary(layout_of(plan, static_cast<int>(rank)));
     }
     if (kind == LayoutKind::kBalanced) {
@@ -347,7 +350,8 @@ TORCH_LIBRARY(cpkit, m) {
       "shard(Tensor? input_ids, Tensor? inputs_embeds, Tensor labels, Tensor? position_ids, "
       "Tensor? attention_mask, Tensor? seq_lens, Tensor? seq_lens_padded, Tensor[] images, "
       "str qkv_format, bool packed, str group_name, int num_chunks, bool shard_primary, "
-      "int pad_multiple, int pad_token_id, str layout=\"contiguous\") -> Tensor[]");
+      "int pad_multiple, int pad_token_id, str layout=\"contiguous\", "
+      "float? balance_slack=None) -> Tensor[]");
   // A batch dict's field through CPBatch's own check (batch.hpp); eager only.
   m.def("check_batch_field(str name, str kind, str got) -> ()", &check_batch_field_op);
   m.def("shard_streams() -> str[]", &shard_streams_op);  // the names of shard's outputs
@@ -355,12 +359,12 @@ TORCH_LIBRARY(cpkit, m) {
       "attention_offsets(Tensor? input_ids, Tensor? inputs_embeds, Tensor labels, "
       "Tensor? position_ids, Tensor? attention_mask, Tensor? seq_lens, Tensor? seq_lens_padded, "
       "str qkv_format, int cp_size, int rank, int num_chunks, int pad_multiple, int microbatch, "
-      "str layout=\"contiguous\") -> (Tensor, Tensor, Tensor, Tensor)");
+      "str layout=\"contiguous\", float? balance_slack=None) -> (Tensor, Tensor, Tensor, Tensor)");
   // [seq_len, padded_len, local_len, then the rank's fragments as begin, end pairs]: the
   // shapes the fake kernels report come from the library's own rule.
   m.def(
       "shard_layout(int seq_len, int cp_size, int rank, int pad_multiple, "
-      "str layout=\"contiguous\", int[]? slot_lens=None) -> int[]",
+      "str layout=\"contiguous\", int[]? slot_lens=None, float? balance_slack=None) -> int[]",
       &shard_layout_op);
   // The same summary of a shard's layout plan; and restore_order's permutation of it.
   m.def("layout_fragments(Tensor layout, int rank) -> int[]", &layout_fragments_op);

@@ -56,8 +56,9 @@ def _sharder(case: dict) -> cpkit.Sharder:
     call = case["call"]
     prepare = (cpkit.prepare_cp_inputs if call == "prepare_cp_inputs"
                else cpkit.prepare_packed_cp_inputs)  # the other calls take packed rows
+    extra = {} if call == "prepare_cp_inputs" else {"balance_slack": case.get("balance_slack")}
     return prepare(_batch(case), case.get("num_chunks", 1), call != "cut_spliced",
-                   pad_multiple=case.get("pad_multiple", 1))
+                   pad_multiple=case.get("pad_multiple", 1), **extra)
 
 
 def _run(case: dict) -> None:

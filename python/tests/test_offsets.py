@@ -167,3 +167,26 @@ def test_a_hole_in_the_mask_is_named():
     sharder = cpkit.prepare_cp_inputs(batch)
     with pytest.raises(cpkit.CPError, match="argument 'attention_mask'.*between real tokens"):
         sharder.attention_offsets(0)
+
+
+def test_balance_slack_reaches_every_plan():
+    """docs/spec.md 2b by hand, CP 2, documents of 500 and 100 (L 300): with a slack of 10 the
+    first candidate (pieces of 2L / 2 = 300, so neither document is cut over ranks) is the plan:
+    the 500-token document fills rank 0 (no rank has room for it whole), rank 1 takes its last
+    200 tokens and then the 100-token one (work 1.31x the mean). With 0 a more even candidate
+    cuts it head-tail. The attention offsets plan with the same slack."""
+    slots, T = [500, 100], 600
+
+    def fragments(rank, slack):
+        return torch.ops.cpkit.shard_layout(T, 2, rank, 1, "balanced", slots, slack)[3:]
+
+    assert [fragments(0, 10.0), fragments(1, 10.0)] == [[0, 300], [300, 600]]
+    assert len(fragments(0, 0.0)) > 2, "the most even plan cuts the long document"
+    assert fragments(0, None) == fragments(0, 0.02)  # None: the library's default
+    batch = {"labels": torch.ones(1, T, dtype=torch.long), "seq_lens": torch.tensor([slots])}
+    cu_q, _, _, _ = torch.ops.cpkit.attention_offsets(
+        batch["labels"], None, batch["labels"], None, None, batch["seq_lens"], batch["seq_lens"],
+        "thd", 2, 0, 1, 1, 0, "balanced", 10.0)
+    assert cu_q.tolist() == [0, 300], "rank 0's one segment: the first 300 of the 500"
+    with pytest.raises(ValueError, match="argument 'balance_slack'"):  # the op's own error
+        fragments(0, -1.0)

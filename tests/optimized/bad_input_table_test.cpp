@@ -114,7 +114,8 @@ double number_of(const json& v) {
 Sharder sharder_of(const json& c) {
   const std::string call = c.at("call");
   const int chunks = c.value("num_chunks", 1);
-  const PadOptions pad{.pad_multiple = c.value("pad_multiple", 1)};
+  const PadOptions pad{.pad_multiple = c.value("pad_multiple", 1),
+                       .balance_slack = c.value("balance_slack", kDefaultBalanceSlack)};
   const bool primary = call != "cut_spliced";
   const bool packed = call.rfind("prepare_cp_inputs", 0) != 0;  // the rest take packed rows
   if (c.contains("cp")) {

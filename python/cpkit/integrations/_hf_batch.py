@@ -103,19 +103,23 @@ def _policy_values(batch: dict, positions: torch.Tensor, labels: torch.Tensor) -
 
 
 def shard_batch(batch: dict, mesh: Mesh, *, layout: str = "contiguous",
-                packed: bool | None = None, pad_token_id: int = 0) -> dict:
+                packed: bool | None = None, pad_token_id: int = 0,
+                balance_slack: float | None = None) -> dict:
     """This rank's keyword arguments for a model made context-parallel by ``apply``:
     ``model(**shard_batch(batch, mesh)).loss``.
 
     ``batch``: what an HF collator returns (``input_ids``, ``labels``, optional
     ``attention_mask`` or ``position_ids``), packed documents by ``seq_lens`` or by
     ``position_ids`` restarting at 0 (``DataCollatorWithFlattening``). ``layout``:
-    "contiguous", "head_tail" or "balanced" (packed documents; docs/spec.md 2b). An RL batch
+    "contiguous", "head_tail" or "balanced" (packed documents; docs/spec.md 2b;
+    ``balance_slack`` as for ``prepare_packed_cp_inputs``). An RL batch
     adds ``advantages`` and ``old_logprobs`` (optionally ``ref_logprobs``,
     ``sampler_logprobs``), ``[B, S]`` like ``labels``, for ``model(**shard, policy={...})``."""
     converted = cp_batch(batch, packed)
+    extra = {"balance_slack": balance_slack} if converted["qkv_format"] == "thd" else {}
     prepare = prepare_packed_cp_inputs if converted["qkv_format"] == "thd" else prepare_cp_inputs
-    sharder = prepare(converted, 1, mesh=mesh, pad_token_id=pad_token_id, layout=layout)
+    sharder = prepare(converted, 1, mesh=mesh, pad_token_id=pad_token_id, layout=layout,
+                      **extra)
     local = sharder.local(0)
     primary = "inputs_embeds" if "inputs_embeds" in local else "input_ids"
     out = {primary: local.pop(primary), "position_ids": local.pop("position_ids"),
