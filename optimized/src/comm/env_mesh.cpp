@@ -3,6 +3,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <string>
+#include <vector>
+
 #include "comm/store_meshes.hpp"
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/launch.hpp"
@@ -54,9 +57,10 @@ EnvMesh make_mesh_from_env(const EnvMeshOptions& options) {
   out.cp_group = env.rank / out.cp_size;
   out.num_groups = env.world_size / out.cp_size;
 
+  const c10::intrusive_ptr<c10d::Store> world = world_store(env, options.timeout);
+  const std::string prefix = "cpkit/cp" + std::to_string(out.cp_size);
   const auto store = c10::make_intrusive<c10d::PrefixStore>(
-      "cpkit/cp" + std::to_string(out.cp_size) + "/group" + std::to_string(out.cp_group),
-      world_store(env, options.timeout));
+      prefix + "/group" + std::to_string(out.cp_group), world);
   if (options.device.is_cuda()) {
     const int device = options.device.has_index() ? options.device.index() : env.local_rank;
     out.mesh =
@@ -68,6 +72,18 @@ EnvMesh make_mesh_from_env(const EnvMeshOptions& options) {
                                      is_loopback(env.master_addr), interface ? interface : "");
   } else {
     raise("device", "must be a CPU (Gloo) or CUDA (NCCL) device, got ", options.device);
+  }
+  // Where rank 0 serves the store, it must outlive every group's rendezvous: a rank that
+  // returned and exited early took the server down under a slower group (seen under Slurm
+  // variables: "Connection was likely closed"). Every rank reports in; rank 0 waits for all.
+  if (!env.agent_store) {
+    world->set(prefix + "/connected/" + std::to_string(env.rank), std::vector<uint8_t>{1});
+    if (env.rank == 0) {
+      std::vector<std::string> keys;
+      for (int r = 0; r < env.world_size; ++r)
+        keys.push_back(prefix + "/connected/" + std::to_string(r));
+      world->wait(keys, options.timeout);
+    }
   }
   return out;
 }
