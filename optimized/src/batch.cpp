@@ -1,8 +1,6 @@
 // CPBatch::from_map and the checks every preparation shares.
 #include "cpkit/optimized/batch.hpp"
 
-#include <cmath>
-
 #include "cpkit/optimized/constants.hpp"
 #include "cpkit/optimized/error.hpp"
 #include "sharder_internal.hpp"
@@ -72,8 +70,7 @@ void check_common(const CPBatch& batch, int cp_size, int num_chunks, const PadOp
   if (cp_size < 1) raise("mesh", "CP size must be >= 1, got ", cp_size);
   if (num_chunks < 1) raise("num_chunks", "must be >= 1, got ", num_chunks);
   if (pad.pad_multiple < 1) raise("pad_multiple", "must be >= 1, got ", pad.pad_multiple);
-  if (!(pad.balance_slack >= 0) || !std::isfinite(pad.balance_slack))
-    raise("balance_slack", "must be finite and >= 0, got ", pad.balance_slack);
+  check_balance_slack(pad.balance_slack);
   if (batch.input_ids.defined() == batch.inputs_embeds.defined())
     raise("input_ids", "exactly one of input_ids and inputs_embeds must be given, got ",
           batch.input_ids.defined() ? "both" : "neither");

@@ -75,7 +75,7 @@ struct Ranks {
 };
 
 struct Document {
-  std::int64_t start, length, index;
+  std::int64_t start, length;
 };
 
 // Step 2's head-tail cut of a document over `chosen`: chunk sizes per chosen rank (first,
@@ -237,11 +237,15 @@ LayoutPlan plan_layout(LayoutKind kind, std::int64_t seq_len, int cp_size, int p
   return plan;
 }
 
+void check_balance_slack(double balance_slack) {
+  if (!(balance_slack >= 0) || !std::isfinite(balance_slack))
+    raise("balance_slack", "must be finite and >= 0, got ", balance_slack);
+}
+
 LayoutPlan plan_balanced(const std::vector<std::int64_t>& slot_lens, std::int64_t seq_len,
                          int cp_size, int pad_multiple, double balance_slack) {
   check_plan_args(seq_len, cp_size, pad_multiple);
-  if (!(balance_slack >= 0) || !std::isfinite(balance_slack))
-    raise("balance_slack", "must be finite and >= 0, got ", balance_slack);
+  check_balance_slack(balance_slack);
   LayoutPlan plan = empty_plan(LayoutKind::kBalanced, seq_len, cp_size, pad_multiple);
   if (cp_size == 1) {
     plan.fragments[0].push_back({0, plan.padded_len});
@@ -253,14 +257,13 @@ LayoutPlan plan_balanced(const std::vector<std::int64_t>& slot_lens, std::int64_
   std::int64_t start = 0;
   for (const std::int64_t len : slot_lens) {
     if (len < 0) raise("seq_lens_padded", "must be >= 0, got ", len);
-    if (len > 0) docs.push_back({start, len, static_cast<std::int64_t>(docs.size())});
+    if (len > 0) docs.push_back({start, len});
     start += len;
   }
   if (start > plan.seq_len)
     raise("seq_lens_padded", "slots sum to ", start, " but the row holds ", plan.seq_len,
           " tokens");
-  if (start < plan.padded_len)
-    docs.push_back({start, plan.padded_len - start, static_cast<std::int64_t>(docs.size())});
+  if (start < plan.padded_len) docs.push_back({start, plan.padded_len - start});
   for (const Document& d : docs) lens.push_back(d.length);
   std::stable_sort(docs.begin(), docs.end(),
                    [](const Document& a, const Document& b) { return a.length > b.length; });

@@ -44,6 +44,10 @@ LayoutPlan plan_layout(LayoutKind kind, std::int64_t seq_len, int cp_size, int p
 // documents (spec 2b; chosen from bench/layout_bench.cpp).
 inline constexpr double kDefaultBalanceSlack = 0.02;
 
+// Raises naming `balance_slack` unless it is finite and >= 0 (plan_balanced's check, and
+// every preparation's, whatever its layout).
+void check_balance_slack(double balance_slack);
+
 // balanced: from one packed row's slot lengths (seq_lens_padded without sentinels); the plan
 // with the fewest cut documents whose work and tile cost max / mean are within
 // 1 + balance_slack.
