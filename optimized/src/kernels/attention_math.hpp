@@ -27,15 +27,20 @@ struct OnlineRow {
   float max, sum;
 };
 
-// Takes score s in: returns the factor the running weighted sum of values must be multiplied
-// by (1 when the max did not move, 0 when nothing was seen) and leaves exp(s - max) in `p`.
+// Moves the row's max up to `m` if it is larger: returns the factor the running sum and the
+// running weighted sum of values are multiplied by (1 when the max did not move, 0 when
+// nothing was seen). One key's step, or one block of keys' (m = the block's max).
+CPKIT_HOST_DEVICE inline float online_rescale(OnlineRow& row, float m) {
+  if (!(m > row.max)) return 1.0f;
+  const float shrink = expf(row.max - m);  // 0 when the max was -inf
+  row.sum *= shrink;
+  row.max = m;
+  return shrink;
+}
+
+// Takes score s in: returns online_rescale's factor and leaves exp(s - max) in `p`.
 CPKIT_HOST_DEVICE inline float online_step(OnlineRow& row, float s, float& p) {
-  float shrink = 1.0f;
-  if (s > row.max) {
-    shrink = expf(row.max - s);  // 0 when the max was -inf
-    row.sum *= shrink;
-    row.max = s;
-  }
+  const float shrink = online_rescale(row, s);
   p = expf(s - row.max);
   row.sum += p;
   return shrink;
