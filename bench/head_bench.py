@@ -34,8 +34,11 @@ holds at once; inputs and the weight's gradient from the previous step excluded)
 trainer sees on its first step: one-time buffers, compilation and the weight's gradient
 included).
 
+`--only a,b,...` runs those contenders; `cpkit:N` and `cpkit_policy:N` run the fused op at
+`chunk_rows = N` (several chunk sizes in one run).
+
 Usage: <torch venv>/bin/python bench/head_bench.py [--T 2048 --H 512 --V 131072] [--rounds 3]
-       [--out F]
+       [--only NAMES] [--out F]
 cut-cross-entropy is an optional bench dependency (pip install cut-cross-entropy==25.1.1).
 """
 
@@ -96,6 +99,8 @@ def grpo_loss(lp, advantages, old, ref):
 
 
 def step_of(name: str, hidden, weight, labels):
+    name, _, rows = name.partition(":")  # "cpkit:256": the fused ops at chunk_rows 256
+    chunk = {"chunk_rows": int(rows)} if rows else {}
     """One forward + backward of `name`, returning its loss (or None for the bare GEMMs)."""
     T, V = labels.shape[1], weight.shape[0]
     targets = labels[0, 1:]  # position t predicts token t + 1
@@ -114,7 +119,8 @@ def step_of(name: str, hidden, weight, labels):
         import cpkit
 
         valid = torch.ones(T, dtype=torch.bool)
-        loss_of = lambda: cpkit.shifted_cp_linear_loss(hidden, weight, labels, valid)  # noqa: E731
+        loss_of = lambda: cpkit.shifted_cp_linear_loss(  # noqa: E731
+            hidden, weight, labels, valid, **chunk)
     elif name == "cpkit_logprobs":
         import cpkit
 
@@ -152,7 +158,7 @@ def step_of(name: str, hidden, weight, labels):
             a, o, r = (torch.cat([x, torch.zeros(1, 1)], 1) for x in (advantages, old, ref))
             loss_of = lambda: cpkit.policy_loss(  # noqa: E731
                 hidden, weight, labels, valid, a, o, ref_logprobs=r, kl_coef=POLICY_KL,
-                eps_low=POLICY_CLIP, eps_high=POLICY_CLIP).loss
+                eps_low=POLICY_CLIP, eps_high=POLICY_CLIP, **chunk).loss
         else:
             if name == "cpkit_logprobs_policy":
                 import cpkit
@@ -239,7 +245,7 @@ def summarise(rounds: dict) -> dict:
         fraction = by_round(name, "gemms", lambda own, gemm: gemm / own)
         if fraction is not None:
             entry["gemm_fraction"] = fraction  # share of the fastest GEMMs' throughput
-        against = "cce_policy" if name.endswith("_policy") else "cce_compile"
+        against = "cce_policy" if name.partition(":")[0].endswith("_policy") else "cce_compile"
         vs_cce = by_round(name, against, lambda own, cce: own / cce)
         if vs_cce is not None:
             entry["time_vs_cce"] = vs_cce
@@ -256,7 +262,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="sweeps over all contenders, each in a rotated order")
     parser.add_argument("--out", type=pathlib.Path)
-    parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--only", type=lambda text: text.split(","), default=CONTENDERS,
+                        help="these contenders, comma-separated; cpkit:N and cpkit_policy:N "
+                             "run the fused op at chunk_rows N")
+    parser.add_argument("--contender", help=argparse.SUPPRESS)
     args = parser.parse_args()
     shape = (args.T, args.H, args.V)
     if args.contender:  # a child: one contender, one JSON line
@@ -264,9 +273,10 @@ def main() -> None:
         return
     results = {"T": args.T, "H": args.H, "V": args.V, "threads": torch.get_num_threads(),
                "rounds": args.rounds, "flops_3_gemms": 3 * 2 * args.T * args.H * args.V}
-    rounds = {name: [] for name in CONTENDERS}  # each round's child result, per contender
+    names = tuple(args.only)
+    rounds = {name: [] for name in names}  # each round's child result, per contender
     for r in range(args.rounds):
-        order = CONTENDERS[r % len(CONTENDERS):] + CONTENDERS[:r % len(CONTENDERS)]
+        order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             child = subprocess.run([sys.executable, __file__, "--contender", name, "--T",
                                     str(args.T), "--H", str(args.H), "--V", str(args.V),

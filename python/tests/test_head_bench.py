@@ -38,6 +38,19 @@ def test_contenders_agree(tmp_path):
         assert abs(losses[name] - policy) <= 1e-5 * (1 + abs(policy)), losses
 
 
+def test_only_and_chunk_rows_reach_the_op(tmp_path):
+    out = tmp_path / "head.json"
+    subprocess.run([sys.executable, str(BENCH), "--T", "130", "--H", "24", "--V", "700",
+                    "--repeats", "1", "--only", "eager,cpkit:32,cpkit_policy:-1", "--out",
+                    str(out)], check=True, capture_output=True, timeout=600)
+    results = json.loads(out.read_text())
+    assert {"eager", "cpkit:32", "cpkit_policy:-1"} <= set(results), results
+    assert "cpkit" not in results and "cce_compile" not in results, results
+    eager = results["eager"]["loss"]
+    assert abs(results["cpkit:32"]["loss"] - eager) <= 1e-5 * eager, results
+    assert "chunk_rows" in results["cpkit_policy:-1"]["error"], results  # it reached the op
+
+
 def _bench_module():
     import importlib.util
 
