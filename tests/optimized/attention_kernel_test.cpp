@@ -216,6 +216,35 @@ TEST(AttentionKernel, TilesEqualAttentionInDouble) {
   }
 }
 
+// A tile's rows share each gathered block, so a row far from the others would score many
+// keys it does not keep: consecutive causal queries share a tile; another piece of the same
+// document far along it, or another document, starts a new one.
+TEST(AttentionKernel, TilesHoldQueriesWhoseRangesAreClose) {
+  std::vector<std::int64_t> begin, end;
+  for (std::int64_t q = 0; q < 20; ++q) {  // a head piece: keys [0, 100 + q]
+    begin.push_back(0);
+    end.push_back(101 + q);
+  }
+  for (std::int64_t q = 0; q < 5; ++q) {  // the same document's tail piece, far along it
+    begin.push_back(0);
+    end.push_back(5001 + q);
+  }
+  begin.push_back(6000);  // another document
+  end.push_back(6001);
+  AttentionArgs a{};
+  a.queries = static_cast<std::int64_t>(begin.size());
+  a.key_begin = begin.data();
+  a.key_end = end.data();
+  const std::vector<tested::QueryTile> tiles = tested::query_tiles(a);
+  ASSERT_EQ(tiles.size(), 4u);
+  const std::int64_t firsts[] = {0, 16, 20, 25}, key_ends[] = {116, 120, 5005, 6001};
+  for (std::size_t t = 0; t < tiles.size(); ++t) {
+    EXPECT_EQ(tiles[t].first, firsts[t]) << t;
+    EXPECT_EQ(tiles[t].key_end, key_ends[t]) << t;
+    EXPECT_EQ(tiles[t].last, t + 1 < tiles.size() ? firsts[t + 1] : a.queries) << t;
+  }
+}
+
 TEST(AttentionKernel, ResultsDoNotDependOnTheThreadCount) {
   const int threads = at::get_num_threads();
   const Case c = random_case(7, true, 0.0f);

@@ -1,8 +1,8 @@
 // cp_attention's CPU kernels in tiles (built twice, baseline and AVX2 + FMA, like the CE row
-// loops). A tile is up to kTileQueries consecutive queries whose listed key ranges overlap
-// (one document's queries, in practice); its listed keys are read in blocks of kTileKeys,
-// each block gathered once per tile and key head (transposed) and scored against every query
-// head of that key head in a loop over the block's keys the compiler vectorises. Each query
+// loops). A tile is up to kTileQueries consecutive queries whose listed key ranges lie within
+// a block of each other (one piece of a document, in practice); its keys are read in blocks of
+// kTileKeys, each block gathered once per tile and key head (transposed) and scored against every
+// query head of that key head in a loop over the block's keys the compiler vectorises. Each query
 // keeps exactly its own range [key_begin, key_end) of the block. Forward: one online-softmax
 // step per block; work items (tile, key head) in parallel. Backward: threads over key heads,
 // each owning its heads' dk and dv, summed in double per block (no atomics); each
@@ -30,16 +30,18 @@ struct QueryTile {
   std::int64_t first, last, key_begin, key_end;
 };
 
-// Consecutive queries join a tile while it has room and their range overlaps its union (or
-// either is empty): a new document starts a new tile, so no tile reads another's keys.
+// Consecutive queries join a tile while it has room and their range lies within a block of
+// the tile's union at both ends (or either is empty): a new document, or another piece of the
+// same document far along it, starts a new tile, so no row scores many keys it does not keep.
 inline std::vector<QueryTile> query_tiles(const AttentionArgs& a) {
   std::vector<QueryTile> tiles;
   QueryTile t{0, 0, 0, 0};
   for (std::int64_t i = 0; i < a.queries; ++i) {
     const std::int64_t b = a.key_begin[i], e = a.key_end[i];
     const bool empty = b >= e, tile_empty = t.key_begin >= t.key_end;
-    const bool overlaps = b < t.key_end && e > t.key_begin;
-    if (i - t.first >= kTileQueries || !(empty || tile_empty || overlaps)) {
+    const bool close =
+        std::abs(b - t.key_begin) <= kTileKeys && std::abs(e - t.key_end) <= kTileKeys;
+    if (i - t.first >= kTileQueries || !(empty || tile_empty || close)) {
       tiles.push_back(t);
       t = {i, i, 0, 0};
     }
@@ -94,9 +96,44 @@ inline void block_dots(const float* x, const float* transposed, std::int64_t d, 
   }
 }
 
-// y += alpha x over d values (distinct buffers: the loop vectorises without alias checks).
-inline void axpy(float alpha, const float* __restrict__ x, float* __restrict__ y, std::int64_t d) {
-  for (std::int64_t c = 0; c < d; ++c) y[c] += alpha * x[c];
+// Eight floats as one vector (GCC's vector extension: a ymm register in the AVX2 build, two
+// xmm in the baseline); Float8In reads one from any float address (4-byte aligned, may alias
+// float). Never passed or returned by value (the baseline ABI has no ymm).
+using Float8 = float __attribute__((vector_size(32)));
+using Float8In = float __attribute__((vector_size(32), aligned(4), may_alias));
+
+// y[c0, ...) += the sum over j in [lo, hi) of w[j * stride] * rows[j][c0, ...), 8 * kVectors
+// floats at a time while they fit in d, each slice of y held in registers for the whole sum
+// (kVectors independent chains: no load and store of y per row); returns where it stopped.
+template <int kVectors>
+std::int64_t accumulate_slices(const float* w, std::int64_t stride, const float* const* rows,
+                               std::int64_t lo, std::int64_t hi, float* y, std::int64_t c0,
+                               std::int64_t d) {
+  constexpr std::int64_t kWidth = 8 * kVectors;
+  for (; c0 + kWidth <= d; c0 += kWidth) {
+    Float8 acc[kVectors];
+    for (int v = 0; v < kVectors; ++v) acc[v] = *reinterpret_cast<const Float8In*>(y + c0 + 8 * v);
+    for (std::int64_t j = lo; j < hi; ++j) {
+      const float wj = w[j * stride];
+      const float* row = rows[j] + c0;
+      for (int v = 0; v < kVectors; ++v)
+        acc[v] += wj * *reinterpret_cast<const Float8In*>(row + 8 * v);
+    }
+    for (int v = 0; v < kVectors; ++v) *reinterpret_cast<Float8In*>(y + c0 + 8 * v) = acc[v];
+  }
+  return c0;
+}
+
+// y[0, d) += the sum over j in [lo, hi) of w[j * stride] * rows[j][0, d).
+inline void accumulate_rows(const float* w, std::int64_t stride, const float* const* rows,
+                            std::int64_t lo, std::int64_t hi, float* y, std::int64_t d) {
+  const std::int64_t c0 = accumulate_slices<1>(
+      w, stride, rows, lo, hi, y, accumulate_slices<4>(w, stride, rows, lo, hi, y, 0, d), d);
+  for (std::int64_t c = c0; c < d; ++c) {
+    float acc = y[c];
+    for (std::int64_t j = lo; j < hi; ++j) acc += w[j * stride] * rows[j][c];
+    y[c] = acc;
+  }
 }
 
 // Once per query head per backward: not worth vectorising.
@@ -158,7 +195,7 @@ void attention_forward(const AttentionArgs& a) {
             sum += p[j];
           }
           row.sum += sum;
-          for (std::int64_t j = lo; j < hi; ++j) axpy(p[j], block.v_rows[j], acc_r, a.d);
+          accumulate_rows(p, 1, block.v_rows, lo, hi, acc_r, a.d);
         }
       }
       for (std::int64_t r = 0; r < n_rows; ++r) {
@@ -184,15 +221,19 @@ void attention_backward(const AttentionArgs& a) {
   const std::int64_t group = a.hq / a.hkv, d = a.d;
   at::parallel_for(0, a.hkv, 1, [&](std::int64_t g_begin, std::int64_t g_end) {
     KeyBlock block(d);
-    float s[kTileKeys], dpv[kTileKeys], p[kTileKeys], ds[kTileKeys];
-    // A key slot's gradient sums a term from every query that sees it: per block in float
-    // (at most kTileQueries * group terms), across blocks in double.
+    float s[kTileKeys], dpv[kTileKeys];
+    const std::int64_t max_rows = kTileQueries * group;
+    // Per block: each row's probabilities and score gradients (0 past its kept columns), then
+    // dq by row and dk, dv by key. A key slot's gradient sums a term from every query that
+    // sees it: per block in float (at most max_rows terms), across blocks in double.
+    std::vector<float> p(static_cast<std::size_t>(max_rows * kTileKeys)), ds(p.size());
+    std::vector<const float*> q_rows(static_cast<std::size_t>(max_rows));
+    std::vector<const float*> d_out_rows(q_rows.size());
     std::vector<double> dk(static_cast<std::size_t>(a.keys * d)), dv(dk.size());
-    std::vector<float> dk_block(static_cast<std::size_t>(kTileKeys * d)), dv_block(dk_block.size());
-    std::vector<double> dq(static_cast<std::size_t>(kTileQueries * group * d));
-    std::vector<float> dq_block(static_cast<std::size_t>(d));
+    std::vector<float> dk_j(static_cast<std::size_t>(d)), dv_j(dk_j.size()), dq_block(dk_j.size());
+    std::vector<double> dq(static_cast<std::size_t>(max_rows * d));
     std::vector<double> dsinks(static_cast<std::size_t>(group));
-    std::vector<float> delta(static_cast<std::size_t>(kTileQueries * group));
+    std::vector<float> delta(static_cast<std::size_t>(max_rows));
     for (std::int64_t g = g_begin; g < g_end; ++g) {
       std::fill(dk.begin(), dk.end(), 0.0);
       std::fill(dv.begin(), dv.end(), 0.0);
@@ -202,47 +243,50 @@ void attention_backward(const AttentionArgs& a) {
         std::fill(dq.begin(), dq.end(), 0.0);
         for (std::int64_t r = 0; r < n_rows; ++r) {
           const std::int64_t t = (tile.first + r / group) * a.hq + g * group + r % group;
-          delta[static_cast<std::size_t>(r)] = dot(a.d_out + t * d, a.out + t * d, d);
+          const auto e = static_cast<std::size_t>(r);
+          q_rows[e] = a.q + t * d;
+          d_out_rows[e] = a.d_out + t * d;
+          delta[e] = dot(a.d_out + t * d, a.out + t * d, d);
           if (a.sinks != nullptr && a.lse[t] != -INFINITY)
             dsinks[static_cast<std::size_t>(r % group)] -=
-                std::exp(a.sinks[g * group + r % group] - a.lse[t]) *
-                delta[static_cast<std::size_t>(r)];
+                std::exp(a.sinks[g * group + r % group] - a.lse[t]) * delta[e];
         }
         for (std::int64_t x0 = tile.key_begin; x0 < tile.key_end; x0 += kTileKeys) {
           block.gather(a, g, x0, tile.key_end, true);
-          std::fill(dk_block.begin(), dk_block.end(), 0.0f);
-          std::fill(dv_block.begin(), dv_block.end(), 0.0f);
           for (std::int64_t r = 0; r < n_rows; ++r) {
             const std::int64_t i = tile.first + r / group;
             const std::int64_t t = i * a.hq + g * group + r % group;
+            float* p_r = p.data() + r * kTileKeys;
+            float* ds_r = ds.data() + r * kTileKeys;
+            std::fill(p_r, p_r + kTileKeys, 0.0f);
+            std::fill(ds_r, ds_r + kTileKeys, 0.0f);
             const auto [lo, hi] = block.kept(a, i);
             const float lse = a.lse[t];
             if (lo >= hi || lse == -INFINITY) continue;  // nothing seen: zero gradients
-            const float* qi = a.q + t * d;
-            const float* doi = a.d_out + t * d;
-            block_dots(qi, block.kt.data(), d, s);
-            block_dots(doi, block.vt.data(), d, dpv);
-            const float softcap = kCapped ? a.softcap : 0.0f;
+            block_dots(q_rows[static_cast<std::size_t>(r)], block.kt.data(), d, s);
+            block_dots(d_out_rows[static_cast<std::size_t>(r)], block.vt.data(), d, dpv);
+            const float softcap = kCapped ? a.softcap : 0.0f,
+                        delta_r = delta[static_cast<std::size_t>(r)];
             for (std::int64_t j = lo; j < hi; ++j) {
               const AttentionScore sc = attention_score(s[j], a.scale, softcap);
-              p[j] = fast_exp(sc.value - lse);
-              ds[j] = p[j] * (dpv[j] - delta[static_cast<std::size_t>(r)]) * sc.slope * a.scale;
+              p_r[j] = fast_exp(sc.value - lse);
+              ds_r[j] = p_r[j] * (dpv[j] - delta_r) * sc.slope * a.scale;
             }
             std::fill(dq_block.begin(), dq_block.end(), 0.0f);
-            for (std::int64_t j = lo; j < hi; ++j) {
-              axpy(ds[j], block.k_rows[j], dq_block.data(), d);
-              axpy(ds[j], qi, dk_block.data() + j * d, d);
-              axpy(p[j], doi, dv_block.data() + j * d, d);
-            }
+            accumulate_rows(ds_r, 1, block.k_rows, lo, hi, dq_block.data(), d);
             double* dq_r = dq.data() + r * d;
             for (std::int64_t c = 0; c < d; ++c) dq_r[c] += dq_block[static_cast<std::size_t>(c)];
           }
           for (std::int64_t j = 0; j < block.size; ++j) {
+            std::fill(dk_j.begin(), dk_j.end(), 0.0f);
+            std::fill(dv_j.begin(), dv_j.end(), 0.0f);
+            accumulate_rows(ds.data() + j, kTileKeys, q_rows.data(), 0, n_rows, dk_j.data(), d);
+            accumulate_rows(p.data() + j, kTileKeys, d_out_rows.data(), 0, n_rows, dv_j.data(), d);
             const std::int64_t slot = a.key_slots[x0 + j] - a.slot_offset;
             for (std::int64_t c = 0; c < d; ++c) {
               const auto e = static_cast<std::size_t>(slot * d + c);
-              dk[e] += dk_block[static_cast<std::size_t>(j * d + c)];
-              dv[e] += dv_block[static_cast<std::size_t>(j * d + c)];
+              dk[e] += dk_j[static_cast<std::size_t>(c)];
+              dv[e] += dv_j[static_cast<std::size_t>(c)];
             }
           }
         }
