@@ -104,7 +104,7 @@ def cp_step(policy: Policy, ids: torch.Tensor, mesh, layout: str, temperature: f
     out = cpkit.policy_loss(h, policy.head.weight, s["labels"], s["valid"], advantages,
                             old.logprobs, mesh, kind="ppo", eps_low=CLIP, eps_high=CLIP,
                             aggregation="token_mean", temperature=temperature,
-                            layout=s["layout"])
+                            entropy=True, layout=s["layout"])  # entropy: logged below
     out.loss.backward()
     for p in policy.parameters():  # each rank's loss is CP times its share: average, as FSDP
         dist.all_reduce(p.grad)

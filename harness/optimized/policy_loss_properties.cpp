@@ -35,21 +35,22 @@ struct PolicyParams {
   int kind = 0, kl = 2, aggregation = 0;
   double kl_coef = 0, tis_cap = 0, entropy_coef = 0, dual_clip = 0, eps_high = 0.2;
   int chunk_rows = 0;
-  int bf16 = 0;  // 1: hidden and the head in bfloat16 (the reference reads the same values)
+  int bf16 = 0;     // 1: hidden and the head in bfloat16 (the reference reads the same values)
+  int entropy = 0;  // 1: the entropy asked for (else returned only when entropy_coef != 0)
 };
 
 std::ostream& operator<<(std::ostream& os, const PolicyParams& p) {
   return os << p.hidden << "," << p.kind << "," << p.kl << "," << p.aggregation << "," << p.kl_coef
             << "," << p.tis_cap << "," << p.entropy_coef << "," << p.dual_clip << "," << p.eps_high
-            << "," << p.chunk_rows << "," << p.bf16;
+            << "," << p.chunk_rows << "," << p.bf16 << "," << p.entropy;
 }
 
 std::istream& operator>>(std::istream& in, PolicyParams& p) {
   std::string text;
   in >> text;
-  std::sscanf(text.c_str(), "%d,%d,%d,%d,%lf,%lf,%lf,%lf,%lf,%d,%d", &p.hidden, &p.kind, &p.kl,
+  std::sscanf(text.c_str(), "%d,%d,%d,%d,%lf,%lf,%lf,%lf,%lf,%d,%d,%d", &p.hidden, &p.kind, &p.kl,
               &p.aggregation, &p.kl_coef, &p.tis_cap, &p.entropy_coef, &p.dual_clip, &p.eps_high,
-              &p.chunk_rows, &p.bf16);
+              &p.chunk_rows, &p.bf16, &p.entropy);
   return in;
 }
 
@@ -96,6 +97,7 @@ PolicyLossOptions options_of(const PolicyParams& p) {
   o.kl_coef = p.kl_coef;
   o.tis_cap = p.tis_cap;
   o.entropy_coef = p.entropy_coef;
+  o.entropy = p.entropy != 0;
   o.dual_clip = p.dual_clip;
   o.eps_high = p.eps_high;
   o.divisor = kDivisor;
@@ -261,7 +263,12 @@ void check_policy(const Case& c, const reference::Sharder& s, const RankTask& ta
       const std::string key = std::to_string(m);
       require_near(b.get(key + ".logprobs"), doubles(want.logprobs), 1e-5, 1e-5,
                    "logprobs" + where);
-      require_near(b.get(key + ".entropy"), doubles(want.entropy), 1e-5, 1e-5, "entropy" + where);
+      // Returned where asked for or used, else 0 (the kernels skip its sums).
+      const bool entropy = p.entropy != 0 || p.entropy_coef != 0;
+      const at::Tensor no_entropy =
+          at::zeros({static_cast<int64_t>(want.entropy.size())}, at::kDouble);
+      require_near(b.get(key + ".entropy"), entropy ? doubles(want.entropy) : no_entropy,
+                   entropy ? 1e-5 : 0.0, entropy ? 1e-5 : 0.0, "entropy" + where);
       require_near(b.get(key + ".ratio"), doubles(want.ratio), 1e-6, 1e-4, "ratio" + where);
       require_near(b.get(key + ".clipped"), doubles(want.clipped), 0, 0, "clipped" + where);
       require_near(b.get(key + ".kl"), doubles(want.kl), 1e-5, 1e-4, "kl" + where);
@@ -299,6 +306,7 @@ rc::Gen<PolicyParams> gen_policy_params() {
     p.eps_high = *rc::gen::element(0.2, 0.28);
     p.chunk_rows = *rc::gen::element(0, 1, *rc::gen::inRange(1, 40));
     p.bf16 = *rc::gen::element(0, 0, 1);
+    p.entropy = *rc::gen::element(0, 1);
     return p;
   });
 }

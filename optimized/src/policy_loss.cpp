@@ -134,12 +134,15 @@ PolicyLossWithGrad fused_policy_loss(const at::Tensor& hidden, const at::Tensor&
   const detail::HeadGemms head(hidden.reshape({rows, H}), weight, o.logits_precision, o.chunk_rows);
   const auto f32 = hidden.options().dtype(at::kFloat);
   const at::Tensor stats = at::empty({rows, 3}, f32);
-  at::Tensor lp = at::empty({rows}, f32), entropy = at::empty({rows}, f32);
+  // The entropy (and the kernels' centred sums) only where it is returned or in the objective.
+  const bool with_entropy = o.entropy || o.entropy_coef != 0.0;
+  at::Tensor lp = at::empty({rows}, f32), entropy = at::zeros({rows}, f32);
   auto logprobs_of = [&](const at::Tensor& z, int64_t begin) {
     kernels::TokenLogprobsArgs a =
         detail::logprob_rows(z, targets, stats, begin, o.softcap, o.temperature);
     a.logprobs = lp.data_ptr<float>() + begin;
-    a.entropy = entropy.data_ptr<float>() + begin;
+    a.entropy = with_entropy ? entropy.data_ptr<float>() + begin : nullptr;
+    a.centred = with_entropy;
     detail::logprob_rows_forward(a, z);
     return a;
   };
@@ -198,7 +201,7 @@ PolicyLossWithGrad fused_policy_loss(const at::Tensor& hidden, const at::Tensor&
     g_ent.narrow(0, begin, n).copy_(part.g_ent * static_cast<double>(W));
     if (!want.hidden && !want.weight) continue;
     a.grad_logprobs = g_lp.data_ptr<float>() + begin;
-    a.grad_entropy = g_ent.data_ptr<float>() + begin;
+    a.grad_entropy = o.entropy_coef != 0.0 ? g_ent.data_ptr<float>() + begin : nullptr;
     a.grad = z.data_ptr<float>();
     detail::logprob_rows_backward(a, z);
     const at::Tensor g = head.gradient_operand(z);

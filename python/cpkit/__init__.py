@@ -54,4 +54,4 @@ __all__ = [
     "shifted_cp_loss",
     "token_logprobs",
 ]
-__version__ = "0.2.0"
+__version__ = "0.2.1"

@@ -190,6 +190,7 @@ def policy_loss(
     kl_coef: float = 0.0,
     tis_cap: float = 0.0,
     entropy_coef: float = 0.0,
+    entropy: bool = False,
     aggregation: str = "token_mean",
     divisor: float = 0.0,
     softcap: float = 0.0,
@@ -209,7 +210,8 @@ def policy_loss(
     shard's ``document_ids`` (for ``"gspo"`` and the ``seq_*`` aggregations). ``kind``:
     ``"ppo"`` (PPO / GRPO; ``eps_low`` / ``eps_high`` for DAPO's asymmetric clip,
     ``dual_clip``), ``"cispo"`` or ``"gspo"`` (the ratio of whole sequences, cut across ranks
-    or not). ``kl``: ``"k1"``, ``"k2"``, ``"k3"``. ``aggregation``: ``"token_mean"``,
+    or not). ``kl``: ``"k1"``, ``"k2"``, ``"k3"``. ``entropy``: return each position's entropy
+    (else 0, and its sums are skipped, unless ``entropy_coef`` uses it). ``aggregation``: ``"token_mean"``,
     ``"seq_mean_token_mean"``, ``"seq_mean_token_sum"``, ``"constant"`` (``divisor``, Dr.
     GRPO); every count spans the CP mesh and ``dp_mesh``. The loss is ``CP * DP`` times this
     rank's share of the objective, so FSDP's average over the DP x CP ranks' gradients is the
@@ -221,7 +223,7 @@ def policy_loss(
         float(entropy_coef), str(aggregation), float(divisor), float(softcap), float(temperature),
         str(logits_precision), int(chunk_rows),
         hidden.requires_grad and torch.is_grad_enabled(),
-        weight.requires_grad and torch.is_grad_enabled(), layout,
+        weight.requires_grad and torch.is_grad_enabled(), layout, bool(entropy),
     )
     return PolicyLoss(*outs[:6])
 

@@ -215,7 +215,7 @@ def _policy_loss_fake(hidden, weight, labels, valid, advantages, old_logprobs, r
                       sampler_logprobs, sequence_ids, group_name, dp_group_name, kind, eps_low,
                       eps_high, dual_clip, kl, kl_coef, tis_cap, entropy_coef, aggregation,
                       divisor, softcap, temperature, logits_precision, chunk_rows, grad_hidden,
-                      grad_weight, layout=None):  # type: ignore[no-untyped-def]
+                      grad_weight, layout=None, entropy=False):  # type: ignore[no-untyped-def]
     B, L = hidden.shape[0], hidden.shape[1]
     per_position = [hidden.new_empty((B, L), dtype=torch.float32) for _ in range(5)]
     dh = torch.empty_like(hidden) if grad_hidden else hidden.new_empty((0,))
@@ -231,7 +231,7 @@ def _policy_loss_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 
 def _policy_loss_backward(ctx: Any, grad_loss: Any, *_rest: Any) -> tuple:
-    return _head_gradients(ctx, grad_loss, 28)
+    return _head_gradients(ctx, grad_loss, 29)
 
 
 torch.library.register_autograd(

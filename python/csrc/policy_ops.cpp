@@ -28,7 +28,7 @@ PolicyOutputs policy_loss_op(
     double dual_clip, const std::string& kl, double kl_coef, double tis_cap, double entropy_coef,
     const std::string& aggregation, double divisor, double softcap, double temperature,
     const std::string& logits_precision, int64_t chunk_rows, bool grad_hidden, bool grad_weight,
-    const std::optional<at::Tensor>& layout) {
+    const std::optional<at::Tensor>& layout, bool entropy) {
   return checked([&] {
     PolicyLossOptions o;
     o.kind = parse_policy_kind(kind);
@@ -39,6 +39,7 @@ PolicyOutputs policy_loss_op(
     o.kl_coef = kl_coef;
     o.tis_cap = tis_cap;
     o.entropy_coef = entropy_coef;
+    o.entropy = entropy;
     o.aggregation = parse_policy_aggregation(aggregation);
     o.divisor = divisor;
     o.softcap = softcap;
@@ -75,7 +76,8 @@ TORCH_LIBRARY_FRAGMENT(cpkit, m) {
       "float eps_high, float dual_clip, str kl, float kl_coef, float tis_cap, "
       "float entropy_coef, str aggregation, float divisor, float softcap, float temperature, "
       "str logits_precision, int chunk_rows, bool grad_hidden, bool grad_weight, "
-      "Tensor? layout=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? layout=None, bool entropy=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
+      "Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(cpkit, CPU, m) { m.impl("policy_loss", &policy_loss_op); }

@@ -104,6 +104,29 @@ def test_equals_torch_autograd_in_fp64(case, chunk_rows):
     torch.testing.assert_close(w.grad.double(), dw, rtol=1e-4, atol=1e-6)
 
 
+def test_entropy_only_when_asked_for_or_used():
+    hidden, weight, labels, valid, ids, x = _case(2)
+    log_p = F.log_softmax(hidden.double() @ weight.double().T, dim=-1)
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    runs = {}
+    for asked in (False, True):
+        h = hidden.clone().requires_grad_(True)
+        w = weight.clone().requires_grad_(True)
+        r = cpkit.policy_loss(h, w, labels, valid, x[0], x[1], entropy=asked)
+        r.loss.backward()
+        runs[asked] = (r, h.grad, w.grad)
+    counted = runs[True][0].logprobs != 0
+    assert counted.any()
+    torch.testing.assert_close(runs[True][0].entropy[counted].double(), entropy[counted],
+                               rtol=1e-5, atol=1e-6)
+    assert torch.equal(runs[False][0].entropy, torch.zeros_like(runs[False][0].entropy))
+    # Skipping the entropy's sums changes nothing else.
+    for a, b in zip((runs[False][0].loss, *runs[False][1:]), (runs[True][0].loss, *runs[True][1:])):
+        assert torch.equal(a, b)
+    with_bonus = cpkit.policy_loss(hidden, weight, labels, valid, x[0], x[1], entropy_coef=0.01)
+    torch.testing.assert_close(with_bonus.entropy, runs[True][0].entropy)  # used: returned
+
+
 def test_opcheck_and_compile():
     hidden, weight, labels, valid, ids, x = _case(1)
     args = (hidden.requires_grad_(True), weight.requires_grad_(True), labels, valid, x[0], x[1],

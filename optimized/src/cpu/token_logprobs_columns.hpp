@@ -11,11 +11,12 @@
 
 namespace cpkit::kernels::CPKIT_ROWS_NAMESPACE {
 
-template <bool kCapped>
+// kCentred: the centred sum the entropy needs (without it, mean_centred is saved as 0).
+template <bool kCapped, bool kCentred>
 void forward_columns(const TokenLogprobsArgs& a) {
   const std::int64_t n = a.rows;
   const std::vector<LogprobStats> stats =
-      column_statistics<kCapped, true>(a.logits, n, a.vocab, a.softcap, a.inv_temperature);
+      column_statistics<kCapped, kCentred>(a.logits, n, a.vocab, a.softcap, a.inv_temperature);
   const std::vector<float> y_target = target_logits(a.logits, a.targets, n, a.vocab);
   for (std::int64_t r = 0; r < n; ++r) {
     float* saved = a.stats + 3 * r;
@@ -35,7 +36,7 @@ void forward_columns(const TokenLogprobsArgs& a) {
   }
 }
 
-template <bool kCapped>
+template <bool kCapped, bool kEntropy>
 void backward_columns(const TokenLogprobsArgs& a) {
   const std::int64_t n = a.rows;
   std::vector<float> lanes(static_cast<std::size_t>(5 * n));
@@ -53,8 +54,9 @@ void backward_columns(const TokenLogprobsArgs& a) {
   }
   const float softcap = a.softcap, inv_temperature = a.inv_temperature;
   auto grad = [=](float y, bool is_target, std::int64_t r) {
-    return logprob_grad<kCapped>(y, is_target, RowStats{row_max[r], ls[r], mean_centred[r]},
-                                 g_lp[r], g_ent[r], softcap, inv_temperature);
+    return logprob_grad<kCapped, kEntropy>(y, is_target,
+                                           RowStats{row_max[r], ls[r], mean_centred[r]}, g_lp[r],
+                                           g_ent[r], softcap, inv_temperature);
   };
   gradient_columns(
       a.logits, a.grad, a.targets, n, a.vocab, target_logits(a.logits, a.targets, n, a.vocab),
@@ -62,18 +64,22 @@ void backward_columns(const TokenLogprobsArgs& a) {
       [=](float y, std::int64_t r) { return grad(y, true, r); });
 }
 
+// The entropy's centred sum and gradient term only where they are asked for (a.centred or
+// a.entropy; a.grad_entropy): a policy loss without an entropy bonus skips both.
 inline void run_forward_columns(const TokenLogprobsArgs& a) {
-  if (a.softcap > 0.0f)
-    forward_columns<true>(a);
-  else
-    forward_columns<false>(a);
+  const bool capped = a.softcap > 0.0f, centred = a.centred || a.entropy != nullptr;
+  if (capped && centred) return forward_columns<true, true>(a);
+  if (capped) return forward_columns<true, false>(a);
+  if (centred) return forward_columns<false, true>(a);
+  forward_columns<false, false>(a);
 }
 
 inline void run_backward_columns(const TokenLogprobsArgs& a) {
-  if (a.softcap > 0.0f)
-    backward_columns<true>(a);
-  else
-    backward_columns<false>(a);
+  const bool capped = a.softcap > 0.0f, entropy = a.grad_entropy != nullptr;
+  if (capped && entropy) return backward_columns<true, true>(a);
+  if (capped) return backward_columns<true, false>(a);
+  if (entropy) return backward_columns<false, true>(a);
+  backward_columns<false, false>(a);
 }
 
 }  // namespace cpkit::kernels::CPKIT_ROWS_NAMESPACE

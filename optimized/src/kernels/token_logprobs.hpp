@@ -84,7 +84,8 @@ CPKIT_HOST_DEVICE inline float entropy_value(RowStats r) { return r.log_sum - r.
 // d(g_lp * logprob + g_ent * entropy) / d y for one raw head output y:
 // dz = g_lp (onehot - p) - g_ent p (z - mean z), then through 1 / t and the cap's 1 - tanh^2.
 // A masked logit (p = 0) gets 0 (never 0 * -inf). kCapped = false: no cap (softcap <= 0).
-template <bool kCapped>
+// kEntropy = false: no entropy upstream (g_ent is 0; its term is not computed).
+template <bool kCapped, bool kEntropy = true>
 CPKIT_HOST_DEVICE inline float logprob_grad(float y, bool is_target, RowStats r, float g_lp,
                                             float g_ent, float softcap, float inv_temperature) {
   const float t = kCapped ? fast_tanh(over_cap(y, softcap)) : 0.0f;
@@ -92,7 +93,8 @@ CPKIT_HOST_DEVICE inline float logprob_grad(float y, bool is_target, RowStats r,
   const float d = z - r.max;
   const float p = fast_exp(d - r.log_sum);
   const float onehot = is_target ? 1.0f : 0.0f;
-  const float dz = g_lp * (onehot - p) - (p > 0.0f ? g_ent * p * (d - r.mean_centred) : 0.0f);
+  float dz = g_lp * (onehot - p);
+  if constexpr (kEntropy) dz -= p > 0.0f ? g_ent * p * (d - r.mean_centred) : 0.0f;
   return dz * inv_temperature * (kCapped ? 1.0f - t * t : 1.0f);
 }
 

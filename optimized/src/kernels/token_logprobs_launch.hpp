@@ -21,6 +21,10 @@ struct TokenLogprobsArgs {
   const float* grad_entropy;   // [rows] backward upstream, or null (zero)
   float* grad;                 // as logits, the backward output; may be `logits` itself
   bool vocab_major;            // logits and grad [vocab, rows]: the fused head's CPU layout
+  // The forward saves each row's centred mean (what the entropy and its gradient need; the
+  // CPU kernel skips that sum when false and entropy is null, saving 0). Every caller whose
+  // saved stats may meet an entropy upstream later keeps it true.
+  bool centred = true;
 };
 
 void token_logprobs_forward_cpu(const TokenLogprobsArgs& args);

@@ -44,6 +44,7 @@ struct PolicyLossOptions {
   double kl_coef = 0.0;
   double tis_cap = 0.0;  // > 0: the policy term times min(exp(old - sampler), cap)
   double entropy_coef = 0.0;
+  bool entropy = false;  // return each position's entropy (computed anyway when entropy_coef != 0)
   PolicyAggregation aggregation = PolicyAggregation::kTokenMean;
   double divisor = 0.0;  // kConstant: J = sum of terms / divisor
   double softcap = 0.0, temperature = 1.0;
@@ -55,7 +56,8 @@ struct PolicyLossOptions {
 
 struct PolicyLoss {
   at::Tensor loss;  // 0-d float32: CP * DP * this rank's share of J (FSDP's mean is J)
-  // [B, L] float32, 0 where a position has no target: for logging.
+  // [B, L] float32, 0 where a position has no target: for logging. entropy is 0 everywhere
+  // unless asked for (options.entropy) or used (entropy_coef != 0).
   at::Tensor logprobs, ratio, clipped, kl, entropy;
 };
 
