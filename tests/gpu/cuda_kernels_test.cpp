@@ -16,6 +16,7 @@
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/nccl_mesh.hpp"
 #include "cpkit/optimized/sharder.hpp"
+#include "cpkit/optimized/token_logprobs.hpp"
 #include "kernels/cross_entropy_launch.hpp"
 
 namespace cpkit {
@@ -163,6 +164,63 @@ TEST(CudaLinearLoss, EqualsCpu) {
   }
 }
 
+// token_logprobs on CUDA (row-major kernels, cuBLAS, chunks of 24 rows: the last of 74 is
+// ragged) against the CPU path (vocab-major kernels) for both input dtypes, both logits
+// precisions, with and without a soft cap, a temperature and the entropy; the log-probabilities
+// of fp32 precision also against fp64 log_softmax on the same (bf16-rounded) inputs: within
+// 2e-4 (issue 41's bound for bf16). Values entrywise, gradients by relative norm.
+TEST(CudaTokenLogprobs, EqualsCpuAndFp64) {
+  const int64_t B = 2, L = 37, H = 64, V = 5003;
+  for (const auto dtype : {at::kFloat, at::kBFloat16})
+    for (const auto precision : {LogitsPrecision::kFp32, LogitsPrecision::kInput})
+      for (const double softcap : {0.0, 20.0}) {
+        SCOPED_TRACE(std::string(dtype == at::kFloat ? "fp32" : "bf16") +
+                     (precision == LogitsPrecision::kFp32 ? " fp32-logits" : " input-logits") +
+                     " softcap " + std::to_string(softcap));
+        at::manual_seed(21);
+        const at::Tensor hidden = at::randn({B, L, H}).to(dtype);
+        const at::Tensor weight = (at::randn({V, H}) * 0.2).to(dtype);
+        const at::Tensor labels = at::randint(0, V, {B, L}, at::kLong);
+        const at::Tensor valid = at::ones({B * L}, at::kBool);
+        const at::Tensor up_lp = at::randn({B, L}), up_ent = at::randn({B, L});
+        TokenLogprobsOptions o;
+        o.softcap = softcap;
+        o.temperature = 0.7;
+        o.entropy = true;
+        o.logits_precision = precision;
+        o.chunk_rows = 24;
+        auto run = [&](const at::Device& device) {
+          const at::Tensor h = hidden.to(device), w = weight.to(device);
+          TokenLogprobsForward f =
+              token_logprobs_forward(h, w, labels.to(device), valid.to(device), nullptr, o);
+          const TokenLogprobsGrads g = token_logprobs_backward(
+              h, w, f.targets, f.stats, up_lp.to(device), up_ent.to(device), o, true, true);
+          return std::make_pair(std::move(f), g);
+        };
+        const auto [cpu, cpu_grads] = run(at::Device(at::kCPU));
+        const auto [gpu, gpu_grads] = run(kCuda);
+        const double values_tol = precision == LogitsPrecision::kFp32 ? 1e-4 : 2e-2;
+        EXPECT_TRUE(
+            at::allclose(gpu.values.logprobs.cpu(), cpu.values.logprobs, values_tol, values_tol));
+        EXPECT_TRUE(
+            at::allclose(gpu.values.entropy.cpu(), cpu.values.entropy, values_tol, values_tol));
+        EXPECT_TRUE(at::equal(gpu.values.has_target.cpu(), cpu.values.has_target));
+        const double grads_tol =
+            dtype == at::kFloat && precision == LogitsPrecision::kFp32 ? 1e-4 : 2e-2;
+        EXPECT_LT(relative_error(gpu_grads.hidden, cpu_grads.hidden), grads_tol);
+        EXPECT_LT(relative_error(gpu_grads.weight, cpu_grads.weight), grads_tol);
+        if (precision != LogitsPrecision::kFp32) continue;
+        at::Tensor z = at::matmul(hidden.to(at::kDouble), weight.to(at::kDouble).t());
+        if (softcap > 0) z = at::tanh(z / softcap) * softcap;
+        const at::Tensor log_p = at::log_softmax(z / o.temperature, -1);
+        const at::Tensor has = cpu.values.has_target;
+        const at::Tensor truth =
+            log_p.gather(-1, cpu.targets.clamp_min(0).unsqueeze(-1)).squeeze(-1) * has;
+        EXPECT_LE((gpu.values.logprobs.cpu().to(at::kDouble) - truth).abs().max().item<double>(),
+                  2e-4);
+      }
+}
+
 // Over 2^31 logits ([1, 16400, 131072]): the rows past element 2^31 (row 16384 on) must be
 // addressed with 64-bit offsets. The loss against LibTorch's, and sampled gradient rows (both
 // ends and around the 2^31 boundary) against softmax - one-hot over N on those rows alone.
@@ -285,17 +343,19 @@ TEST(CudaSharder, LayoutShardsEqualCpuShards) {
 }
 
 // Rows of 2 GiB and more exceed cudaMemcpy2D's pitch limit: the BSHD cut must still be the
-// batch's columns (ATen's copy then), not an error.
+// batch's columns (ATen's copy then), not an error. Two rows, so the cut is strided and the
+// 2-D copy (and its fallback) runs: one row would be a view.
 TEST(CudaSharder, BshdRowsOverTwoGiBCutCorrectly) {
   const int64_t S = 1 << 20, H = 1025;  // one row: S * H * 2 bytes > 2 GiB
   CPBatch b;
-  b.inputs_embeds = at::arange(S * H, at::TensorOptions().dtype(at::kFloat).device(kCuda))
+  b.inputs_embeds = at::arange(2 * S * H, at::TensorOptions().dtype(at::kFloat).device(kCuda))
                         .remainder(251)
                         .to(at::kBFloat16)
-                        .view({1, S, H});
-  b.labels = at::zeros({1, S}, at::TensorOptions().dtype(at::kLong).device(kCuda));
+                        .view({2, S, H});
+  b.labels = at::zeros({2, S}, at::TensorOptions().dtype(at::kLong).device(kCuda));
   const Sharder s = prepare_cp_inputs_for(b, 4, 1);
   const at::Tensor got = s.local(0, 2).inputs_embeds;
+  EXPECT_TRUE(got.is_contiguous());
   EXPECT_TRUE(at::equal(got, b.inputs_embeds.narrow(1, 2 * S / 4, S / 4)));
 }
 
@@ -313,6 +373,13 @@ TEST(NcclMesh, CallerOwnedCommunicatorGathersAndSurvivesTheMesh) {
         comm, [] { return static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()); });
     EXPECT_STREQ(mesh->backend(), "nccl");
     EXPECT_TRUE(at::equal(gather_tokens(x, mesh, false).cpu(), x.cpu()));
+    // gather_tokens moves nothing at CP 1: the mesh's own collectives do, through the
+    // caller's communicator (a one-rank NCCL collective still runs).
+    at::Tensor y = at::full_like(x, -1.0f), z = at::full_like(x, -1.0f);
+    mesh->all_gather(x.data_ptr(), y.data_ptr(), 6, ScalarKind::kFloat32);
+    mesh->reduce_scatter_sum(x.data_ptr(), z.data_ptr(), 6, ScalarKind::kFloat32);
+    EXPECT_TRUE(at::equal(y.cpu(), x.cpu()));
+    EXPECT_TRUE(at::equal(z.cpu(), x.cpu()));
   }
   int count = 0;  // the communicator is still the caller's and still works
   EXPECT_EQ(ncclCommCount(comm, &count), ncclSuccess);
