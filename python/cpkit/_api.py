@@ -211,11 +211,12 @@ def policy_loss(
     ``"ppo"`` (PPO / GRPO; ``eps_low`` / ``eps_high`` for DAPO's asymmetric clip,
     ``dual_clip``), ``"cispo"`` or ``"gspo"`` (the ratio of whole sequences, cut across ranks
     or not). ``kl``: ``"k1"``, ``"k2"``, ``"k3"``. ``entropy``: return each position's entropy
-    (else 0, and its sums are skipped, unless ``entropy_coef`` uses it). ``aggregation``: ``"token_mean"``,
-    ``"seq_mean_token_mean"``, ``"seq_mean_token_sum"``, ``"constant"`` (``divisor``, Dr.
-    GRPO); every count spans the CP mesh and ``dp_mesh``. The loss is ``CP * DP`` times this
-    rank's share of the objective, so FSDP's average over the DP x CP ranks' gradients is the
-    objective's gradient. Differentiable in ``hidden`` and ``weight``."""
+    (else 0, and its sums are skipped, unless ``entropy_coef`` uses it). ``aggregation``:
+    ``"token_mean"``, ``"seq_mean_token_mean"``, ``"seq_mean_token_sum"``, ``"constant"``
+    (``divisor``, Dr. GRPO); every count spans the CP mesh and ``dp_mesh``. The loss is
+    ``CP * DP`` times this rank's share of the objective, so FSDP's average over the DP x CP
+    ranks' gradients is the objective's gradient. Differentiable in ``hidden`` and
+    ``weight``."""
     outs = torch.ops.cpkit.policy_loss(
         hidden, weight, labels, valid, advantages, old_logprobs, ref_logprobs, sampler_logprobs,
         sequence_ids, group_name(mesh), group_name(dp_mesh), str(kind), float(eps_low),

@@ -23,10 +23,14 @@ CPBatch batch_of(const std::optional<at::Tensor>& input_ids,
   return batch;
 }
 
+double balance_slack_of(std::optional<double> balance_slack) {
+  return balance_slack.value_or(kDefaultBalanceSlack);
+}
+
 PadOptions pad_options(int64_t pad_multiple, int64_t pad_token_id, const std::string& layout,
                        std::optional<double> balance_slack) {
   return {static_cast<int>(pad_multiple), pad_token_id, layout_kind(layout),
-          balance_slack.value_or(kDefaultBalanceSlack)};
+          balance_slack_of(balance_slack)};
 }
 
 Sharder sharder_for(const CPBatch& batch, int64_t cp_size, int64_t rank, int64_t num_chunks,

@@ -36,6 +36,7 @@ CPBatch batch_of(const std::optional<at::Tensor>& input_ids,
 // The batch sharded for `cp_size` ranks without communication (attention offsets and plans:
 // computed per rank on demand, so no collective may run here).
 // balance_slack: none for the library's default (kDefaultBalanceSlack).
+double balance_slack_of(std::optional<double> balance_slack);
 PadOptions pad_options(int64_t pad_multiple, int64_t pad_token_id, const std::string& layout,
                        std::optional<double> balance_slack);
 Sharder sharder_for(const CPBatch& batch, int64_t cp_size, int64_t rank, int64_t num_chunks,

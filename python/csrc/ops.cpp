@@ -262,9 +262,9 @@ std::vector<int64_t> shard_layout_op(int64_t seq_len, int64_t cp_size, int64_t r
   return checked([&] {
     const LayoutKind kind = layout_kind(layout);
     if (kind == LayoutKind::kBalanced && slot_lens.has_value()) {
-      const auto plan = std::make_shared<const LayoutPlan>(plan_balanced(
-          *slot_lens, seq_len, static_cast<int>(cp_size), static_cast<int>(pad_multiple),
-          balance_slack.value_or(kDefaultBalanceSlack)));
+      const auto plan = std::make_shared<const LayoutPlan>(
+          plan_balanced(*slot_lens, seq_len, static_cast<int>(cp_size),
+                        static_cast<int>(pad_multiple), balance_slack_of(balance_slack)));
       return layout_summary(layout_of(plan, static_cast<int>(rank)));
     }
     if (kind == LayoutKind::kBalanced) {
