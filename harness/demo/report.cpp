@@ -23,10 +23,11 @@ std::vector<std::int64_t> document_starts(const reference::PackedBatch& batch,
                                           std::int64_t padded_len) {
   std::vector<std::int64_t> start(static_cast<std::size_t>(padded_len));
   std::int64_t at = 0;
-  for (Eigen::Index d = 0; d < batch.seq_lens_padded.cols(); ++d)
+  for (Eigen::Index d = 0; d < batch.seq_lens_padded.cols(); ++d) {
     for (std::int64_t i = 0; i < batch.seq_lens_padded(0, d); ++i)
       start[static_cast<std::size_t>(at + i)] = at;
-  for (Eigen::Index d = 0; d < batch.seq_lens_padded.cols(); ++d) at += batch.seq_lens_padded(0, d);
+    at += batch.seq_lens_padded(0, d);
+  }
   for (std::int64_t t = at; t < padded_len; ++t) start[static_cast<std::size_t>(t)] = at;
   return start;
 }
