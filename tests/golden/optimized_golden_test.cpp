@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "closeness.hpp"
+#include "test_each.hpp"
 
 #include "cpkit/optimized/cp_attention.hpp"
 #include "cpkit/optimized/linear_loss.hpp"
@@ -64,20 +65,9 @@ Sharder prepare(const GoldenCase& c, const MeshPtr& mesh) {
              : prepare_cp_inputs_for(batch_of(c), c.cp, c.num_chunks, true, pad);
 }
 
-// A test whose body runs once per golden case, in one process: one process start per test
-// rather than per case (a sanitized process costs ~1 s to start and leak-check). The body
-// reads the case as `case_name`; a failure names it; no cases is a failure.
-#define CPKIT_TEST_FOR_EACH_CASE(suite, name, names)      \
-  void suite##_##name(const std::string& case_name);      \
-  TEST(suite, name) {                                     \
-    const std::vector<std::string> all = names;           \
-    EXPECT_FALSE(all.empty()) << "no golden cases found"; \
-    for (const std::string& c : all) {                    \
-      SCOPED_TRACE(c);                                    \
-      suite##_##name(c);                                  \
-    }                                                     \
-  }                                                       \
-  void suite##_##name(const std::string& case_name)
+// A test whose body runs once per golden case (test_each.hpp), reading it as `case_name`.
+#define CPKIT_TEST_FOR_EACH_CASE(suite, name, names) \
+  CPKIT_TEST_FOR_EACH(suite, name, std::string, case_name, "case ", names)
 
 CPKIT_TEST_FOR_EACH_CASE(OptimizedGolden, ShardsMatchTheOracle, golden_case_names()) {
   const GoldenCase c = load_golden_case(case_name);

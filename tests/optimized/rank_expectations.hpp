@@ -3,9 +3,8 @@
 
 #include <gtest/gtest.h>
 
-#include <string>
-
 #include "rank_processes.hpp"
+#include "test_each.hpp"
 
 namespace cpkit::testing {
 
@@ -22,15 +21,6 @@ inline void expect_all_ranks_ok(const std::vector<ranks::RankOutcome>& outcomes)
 
 }  // namespace cpkit::testing
 
-// A test whose body runs once per CP size, in one process: one process start per test rather
-// than per size (a sanitized process costs ~1 s to start and leak-check). The body reads the
-// size as `cp_size_param`; a failure names its size.
+// A test whose body runs once per CP size (test_each.hpp), reading it as `cp_size_param`.
 #define CPKIT_TEST_AT_CP_SIZES(suite, name, ...) \
-  void suite##_##name(int cp_size_param);        \
-  TEST(suite, name) {                            \
-    for (const int cp : {__VA_ARGS__}) {         \
-      SCOPED_TRACE("CP " + std::to_string(cp));  \
-      suite##_##name(cp);                        \
-    }                                            \
-  }                                              \
-  void suite##_##name(int cp_size_param)
+  CPKIT_TEST_FOR_EACH(suite, name, int, cp_size_param, "CP ", {__VA_ARGS__})
