@@ -11,11 +11,14 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
 #include "agreement.hpp"
+#include "attention_flash.hpp"
 #include "cpkit/optimized/error.hpp"
 #include "cuda_glue.hpp"
 #include "fault_injection.hpp"
@@ -149,6 +152,18 @@ KernelIndex kernel_index(const KeyIndex& index, const at::Device& device) {
   return k;
 }
 
+double scale_of(const Shape& s, const CpAttentionOptions& options) {
+  return options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(s.d));
+}
+
+// The stages on torch's flash kernels where they take the inputs and the plan has a varlen
+// form; else cpkit's own kernels run.
+std::optional<detail::FlashStages> flash_stages_for(const at::Tensor& q, const AttentionPlan& plan,
+                                                    const CpAttentionOptions& options) {
+  if (!detail::flash_takes(q, options)) return std::nullopt;
+  return detail::flash_stages(plan);
+}
+
 // The kernel's arguments over `index`, reading key slots from `keys` / `values` starting at
 // slot `first_slot`; sinks only where `with_sinks` (the first stage holds them).
 kernels::AttentionArgs kernel_args(const Shape& s, const at::Tensor& q, const at::Tensor& keys,
@@ -169,8 +184,7 @@ kernels::AttentionArgs kernel_args(const Shape& s, const at::Tensor& q, const at
   a.hq = s.hq;
   a.hkv = s.hkv;
   a.d = s.d;
-  a.scale = static_cast<float>(options.scale > 0 ? options.scale
-                                                 : 1.0 / std::sqrt(static_cast<double>(s.d)));
+  a.scale = static_cast<float>(scale_of(s, options));
   a.softcap = static_cast<float>(options.softcap);
   return a;
 }
@@ -205,6 +219,26 @@ std::pair<at::Tensor, at::Tensor> attend(const Shape& s, const at::Tensor& q32,
 // The rows of k or v as the kernel's fp32 [slots, Hkv, D].
 at::Tensor as_slots(const Shape& s, const at::Tensor& t) {
   return t.reshape({-1, s.hkv, s.d}).to(at::kFloat).contiguous();
+}
+
+// One forward stage on the flash kernels: out [rows, L, Hq, D] and lse [rows, L, Hq] (float32)
+// over `runs`' sequences, written into `into` when given (other queries keep their values),
+// else into zeros and -inf (what a query that sees nothing gets).
+std::pair<at::Tensor, at::Tensor> flash_attend(const Shape& s, const at::Tensor& q,
+                                               const at::Tensor& keys, const at::Tensor& values,
+                                               int64_t first_slot, const detail::VarlenRuns& runs,
+                                               const CpAttentionOptions& options,
+                                               std::pair<at::Tensor, at::Tensor> into = {}) {
+  if (!into.first.defined()) {
+    const auto f32 = q.options().dtype(at::kFloat);
+    into = {at::zeros({s.rows, s.len, s.hq, s.d}, f32),
+            at::full({s.rows, s.len, s.hq}, -std::numeric_limits<float>::infinity(), f32)};
+  }
+  at::Tensor out = into.first.view({-1, s.hq, s.d}), lse = into.second.view({-1, s.hq});
+  detail::flash_forward({q.reshape({-1, s.hq, s.d}), keys.reshape({-1, s.hkv, s.d}),
+                         values.reshape({-1, s.hkv, s.d}), first_slot, scale_of(s, options)},
+                        runs, out, lse);
+  return into;
 }
 
 // The process's CpAttentionStats.
@@ -260,8 +294,11 @@ CpAttentionForward cp_attention_forward(const at::Tensor& q, const at::Tensor& k
                                        detail::scalar_kind(k, "k"));
   }
   // Stage 1: own keys (and the sinks).
-  const at::Tensor q32 = q.to(at::kFloat).contiguous();
-  auto [out, lse] = attend(s, q32, as_slots(s, k), as_slots(s, v), plan.own_keys, 0, options, true);
+  const std::optional<detail::FlashStages> flash = flash_stages_for(q, plan, options);
+  const at::Tensor q32 = flash ? at::Tensor() : q.to(at::kFloat).contiguous();
+  auto [out, lse] =
+      flash ? flash_attend(s, q, k, v, 0, flash->first, options)
+            : attend(s, q32, as_slots(s, k), as_slots(s, v), plan.own_keys, 0, options, true);
   const auto waiting = Clock::now();
   arrived();
   const double exposed = seconds_since(waiting);
@@ -271,11 +308,18 @@ CpAttentionForward cp_attention_forward(const at::Tensor& q, const at::Tensor& k
     st.bytes_sent += outgoing.defined() ? outgoing.nbytes() : 0;
     st.forward_exposed_seconds += exposed;
   });
-  // Stage 2: the received keys, merged by log-sum-exp (softmaxes over disjoint key sets).
-  if (received.size(0) > 0) {
+  const at::Tensor received_k = received.select(1, 0), received_v = received.select(1, 1);
+  if (flash && !flash->merge) {  // Stage 2: the other queries, over every key slot.
+    if (!flash->second.empty())
+      std::tie(out, lse) = flash_attend(s, q, at::cat({k.reshape({-1, s.hkv, s.d}), received_k}),
+                                        at::cat({v.reshape({-1, s.hkv, s.d}), received_v}), 0,
+                                        flash->second, options, {out, lse});
+  } else if (received.size(0) > 0) {
+    // Stage 2: the received keys, merged by log-sum-exp (softmaxes over disjoint key sets).
     const auto [remote_out, remote_lse] =
-        attend(s, q32, as_slots(s, received.select(1, 0)), as_slots(s, received.select(1, 1)),
-               plan.remote_keys, own, options, false);
+        flash ? flash_attend(s, q, received_k, received_v, own, flash->second, options)
+              : attend(s, q32, as_slots(s, received_k), as_slots(s, received_v), plan.remote_keys,
+                       own, options, false);
     const at::Tensor merged = at::logaddexp(lse, remote_lse);
     auto share = [&](const at::Tensor& part) {
       return at::exp(part - merged).nan_to_num(0.0).unsqueeze(-1);  // 0 where nothing is seen
@@ -294,20 +338,38 @@ CpAttentionGrads cp_attention_backward(const at::Tensor& q, const at::Tensor& k,
   detail::require_defined(grad_out, "grad_out");
   if (grad_out.sizes() != q.sizes())
     raise("grad_out", "has shape ", detail::shape_of(grad_out), " but q is ", detail::shape_of(q));
-  const at::Tensor q32 = q.to(at::kFloat).contiguous();
-  const at::Tensor out = forward.values.out.to(at::kFloat).contiguous();
+  const std::optional<detail::FlashStages> flash = flash_stages_for(q, plan, options);
+  // cpkit's kernels read float32 copies; flash reads q's dtype.
+  auto as_kernel_input = [&](const at::Tensor& t) {
+    return flash ? t.to(q.scalar_type()).contiguous() : t.to(at::kFloat).contiguous();
+  };
+  const at::Tensor q_in = as_kernel_input(q), out = as_kernel_input(forward.values.out);
   const at::Tensor lse = forward.values.lse.permute({0, 2, 1}).contiguous();
-  const at::Tensor d_out = grad_out.to(at::kFloat).contiguous();
-  // One stage of the backward: the gradients over `index`'s keys. Each probability comes
-  // from the merged lse and delta from the merged out, so the key sets split exactly.
+  const at::Tensor d_out = as_kernel_input(grad_out);
+  // One stage of the backward: the gradients over key slots [first_slot, ...) of `keys` and
+  // `values` ([slots, Hkv, D] in k's dtype), listed by `index` (cpkit's kernels) or `runs`
+  // (flash's). Each probability comes from the merged lse and delta from the merged out, so
+  // the key sets split exactly.
   auto gradients = [&](const at::Tensor& keys, const at::Tensor& values, const KeyIndex& index,
-                       int64_t first_slot, bool with_sinks) {
-    at::Tensor dq = at::empty_like(q32), dk = at::empty_like(keys), dv = at::empty_like(values);
+                       const detail::VarlenRuns* runs, int64_t first_slot, bool with_sinks) {
+    if (runs != nullptr) {
+      const auto f32 = q.options().dtype(at::kFloat);
+      at::Tensor dq = at::zeros(q.sizes(), f32), dk = at::zeros({keys.size(0), s.hkv, s.d}, f32);
+      at::Tensor dv = at::zeros_like(dk), dq_rows = dq.view({-1, s.hq, s.d});
+      detail::flash_backward(
+          {q_in.view({-1, s.hq, s.d}), keys, values, first_slot, scale_of(s, options)}, *runs,
+          out.view({-1, s.hq, s.d}), lse.view({-1, s.hq}), d_out.view({-1, s.hq, s.d}), dq_rows, dk,
+          dv);
+      return std::tuple{dq, dk, dv, at::Tensor()};
+    }
+    const at::Tensor keys32 = as_slots(s, keys), values32 = as_slots(s, values);
+    at::Tensor dq = at::empty_like(q_in), dk = at::empty_like(keys32);
+    at::Tensor dv = at::empty_like(values32);
     at::Tensor dsinks =
-        with_sinks && options.sinks.defined() ? at::zeros({s.hq}, q32.options()) : at::Tensor();
-    const KernelIndex on_device = kernel_index(index, q32.device());
+        with_sinks && options.sinks.defined() ? at::zeros({s.hq}, q_in.options()) : at::Tensor();
+    const KernelIndex on_device = kernel_index(index, q_in.device());
     kernels::AttentionArgs a =
-        kernel_args(s, q32, keys, values, on_device, first_slot, options, with_sinks);
+        kernel_args(s, q_in, keys32, values32, on_device, first_slot, options, with_sinks);
     a.out = const_cast<float*>(out.const_data_ptr<float>());
     a.lse = const_cast<float*>(lse.const_data_ptr<float>());
     a.d_out = d_out.const_data_ptr<float>();
@@ -315,17 +377,31 @@ CpAttentionGrads cp_attention_backward(const at::Tensor& q, const at::Tensor& k,
     a.dk = dk.data_ptr<float>();
     a.dv = dv.data_ptr<float>();
     a.dsinks = dsinks.defined() ? dsinks.data_ptr<float>() : nullptr;
-    backward_kernel(a, q32);
+    backward_kernel(a, q_in);
     return std::tuple{dq, dk, dv, dsinks};
   };
   const int64_t own = s.rows * s.len, per_key = 2 * s.hkv * s.d;
-  // Stage 1: the received keys' gradients, sent back to their owners under stage 2.
-  at::Tensor dq_remote, outgoing, returned, index;
+  const at::Tensor own_k = k.reshape({-1, s.hkv, s.d}), own_v = v.reshape({-1, s.hkv, s.d});
+  // Stage 1: the received keys' gradients, sent back to their owners under stage 2. On flash
+  // with a window, stage 1 is the queries that see received keys, over every key slot: the
+  // own slots' part stays here.
+  at::Tensor dq_remote, dk_stay, dv_stay, outgoing, returned, index;
   std::function<void()> returned_arrived = [] {};
   if (cp_size(mesh) > 1) {
+    const at::Tensor received_k = forward.received.select(1, 0);
+    const at::Tensor received_v = forward.received.select(1, 1);
+    const bool every_slot = flash && !flash->merge;
     auto [dq_r, dk_r, dv_r, unused] =
-        gradients(as_slots(s, forward.received.select(1, 0)),
-                  as_slots(s, forward.received.select(1, 1)), plan.remote_keys, own, false);
+        every_slot ? gradients(at::cat({own_k, received_k}), at::cat({own_v, received_v}),
+                               plan.all_keys, &flash->second, 0, false)
+                   : gradients(received_k, received_v, plan.remote_keys,
+                               flash ? &flash->second : nullptr, own, false);
+    if (every_slot) {
+      dk_stay = dk_r.narrow(0, 0, own);
+      dv_stay = dv_r.narrow(0, 0, own);
+      dk_r = dk_r.narrow(0, own, dk_r.size(0) - own);
+      dv_r = dv_r.narrow(0, own, dv_r.size(0) - own);
+    }
     dq_remote = dq_r;
     outgoing = at::stack({dk_r, dv_r}, 1).to(k.scalar_type()).contiguous();
     index = send_index(plan, k.device());
@@ -336,7 +412,7 @@ CpAttentionGrads cp_attention_backward(const at::Tensor& q, const at::Tensor& k,
   }
   // Stage 2: own keys (and the sinks).
   auto [dq, dk_own, dv_own, dsinks] =
-      gradients(as_slots(s, k), as_slots(s, v), plan.own_keys, 0, true);
+      gradients(own_k, own_v, plan.own_keys, flash ? &flash->first : nullptr, 0, true);
   if (cp_size(mesh) > 1) {
     const auto waiting = Clock::now();
     returned_arrived();
@@ -347,6 +423,10 @@ CpAttentionGrads cp_attention_backward(const at::Tensor& q, const at::Tensor& k,
       st.backward_exposed_seconds += exposed;
     });
     dq.add_(dq_remote);
+    if (dk_stay.defined()) {
+      dk_own.add_(dk_stay);
+      dv_own.add_(dv_stay);
+    }
     if (!detail::fault("attention_grads_not_returned")) {  // the owner's keys' other users
       dk_own.index_add_(0, index, returned.select(1, 0).to(at::kFloat));
       dv_own.index_add_(0, index, returned.select(1, 1).to(at::kFloat));

@@ -1,7 +1,8 @@
 // cp_attention's CUDA kernels (CP 1) against its CPU kernels, which the CPU tests hold to
 // dense attention in double and the reference: values, log-sum-exp and all four gradients
 // on a packed row, with GQA, windows, soft cap and sinks, at head sizes that are and are not
-// a multiple of the warp's 32 lanes, and bfloat16 inputs.
+// a multiple of the warp's 32 lanes, and bfloat16 inputs (torch's flash kernels where they
+// take them).
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -92,22 +93,28 @@ TEST(CudaCpAttention, EqualsCpu) {
         }
 }
 
+// bfloat16 without a soft cap or sinks runs on torch's flash kernels (D 64 and 128, GQA,
+// with and without a window); D 40 is not a multiple of 8 and stays on cpkit's kernels.
 TEST(CudaCpAttention, BFloat16EqualsCpu) {
   const Sharder s = packed_row();
-  at::manual_seed(3);
-  const int64_t T = 300, hq = 4, hkv = 4, d = 64;
-  const at::Tensor q = at::randn({1, T, hq, d}).to(at::kBFloat16);
-  const at::Tensor k = at::randn({1, T, hkv, d}).to(at::kBFloat16);
-  const at::Tensor v = at::randn({1, T, hkv, d}).to(at::kBFloat16);
-  const at::Tensor g = at::randn({1, T, hq, d}).to(at::kBFloat16);
-  const auto plan = std::make_shared<const AttentionPlan>(attention_plan(s, 0, 0, 0));
-  const Result cpu = run(q, k, v, g, at::Tensor(), plan, 0.0, at::kCPU);
-  const Result gpu = run(q, k, v, g, at::Tensor(), plan, 0.0, kCuda);
-  // Both compute in float32 from the same bfloat16 inputs; the outputs round to bfloat16.
-  expect_close(gpu.out, cpu.out, 1e-2, "out");
-  expect_close(gpu.dq, cpu.dq, 2e-2, "dq");
-  expect_close(gpu.dk, cpu.dk, 2e-2, "dk");
-  expect_close(gpu.dv, cpu.dv, 2e-2, "dv");
+  for (const int64_t d : {40, 64, 128})
+    for (const int64_t window : {0, 17}) {
+      SCOPED_TRACE("D " + std::to_string(d) + ", window " + std::to_string(window));
+      at::manual_seed(3 + d + window);
+      const int64_t T = 300, hq = 8, hkv = 2;
+      auto input = [&](int64_t heads) { return at::randn({1, T, heads, d}).to(at::kBFloat16); };
+      const at::Tensor q = input(hq), k = input(hkv), v = input(hkv), g = input(hq);
+      const auto plan = std::make_shared<const AttentionPlan>(attention_plan(s, 0, 0, window));
+      const Result cpu = run(q, k, v, g, at::Tensor(), plan, 0.0, at::kCPU);
+      const Result gpu = run(q, k, v, g, at::Tensor(), plan, 0.0, kCuda);
+      // Both read the same bfloat16 inputs; the outputs round to bfloat16, and flash
+      // multiplies probabilities by values in bfloat16.
+      expect_close(gpu.out, cpu.out, 1e-2, "out");
+      expect_close(gpu.lse, cpu.lse, 1e-3, "lse");
+      expect_close(gpu.dq, cpu.dq, 2e-2, "dq");
+      expect_close(gpu.dk, cpu.dk, 2e-2, "dk");
+      expect_close(gpu.dv, cpu.dv, 2e-2, "dv");
+    }
 }
 
 TEST(CudaCpAttention, HeadSizeOverTheKernelsLimitRaisesNamingIt) {

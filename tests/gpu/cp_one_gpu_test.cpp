@@ -8,6 +8,9 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <string>
+#include <utility>
+
 #include "cpkit/optimized/cp_attention.hpp"
 #include "cpkit/optimized/gather.hpp"
 #include "cpkit/optimized/linear_loss.hpp"
@@ -94,47 +97,77 @@ TEST_P(CpOnOneGpu, CudaStepEqualsCpuStep) {
   for (const auto& o : outcomes) EXPECT_TRUE(o.ok) << "rank " << o.rank << ": " << o.message;
 }
 
-// cp_attention on a balanced packed row (documents cut across ranks, a rank holding two
-// pieces of one): the needed keys out and their gradients back through the staged mesh.
+// cp_attention on a packed row (balanced: documents cut across ranks, a rank holding two
+// pieces of one): the needed keys out and their gradients back through the staged mesh. In
+// float32 with a soft cap on cpkit's CUDA kernels; in bfloat16 with GQA on torch's flash
+// kernels (no window: own and received keys merged by log-sum-exp; a window: queries split
+// by the keys they see), against cpkit's CPU kernels on the same bfloat16 inputs.
 struct AttentionStep {
   at::Tensor out, dq, dk, dv;
 };
 
-AttentionStep attention_step(at::Device device, const MeshPtr& mesh, int rank) {
+struct AttentionCase {
+  LayoutKind layout = LayoutKind::kBalanced;
+  at::ScalarType dtype = at::kFloat;
+  double softcap = 0.0;
+  int64_t window = 0, head_dim = 48;
+};
+
+AttentionStep attention_step(at::Device device, const MeshPtr& mesh, int rank,
+                             const AttentionCase& c) {
   CPBatch b;
   b.input_ids = at::ones({1, 512}, at::kLong);
   b.labels = b.input_ids.clone();
   b.seq_lens = at::tensor(std::vector<int64_t>{190, 7, 64, 230}).unsqueeze(0);
   b.qkv_format = "thd";
-  const Sharder s = prepare_packed_cp_inputs(b, mesh, 1, true, {.layout = LayoutKind::kBalanced});
-  const auto plan = std::make_shared<const AttentionPlan>(attention_plan(s, 0, rank, 0));
+  const Sharder s = prepare_packed_cp_inputs(b, mesh, 1, true, {.layout = c.layout});
+  const auto plan = std::make_shared<const AttentionPlan>(attention_plan(s, 0, rank, c.window));
   at::manual_seed(40 + rank);
-  const int64_t L = plan->local_len;
-  const at::Tensor q = at::randn({1, L, 4, 48}).to(device).requires_grad_(true);
-  const at::Tensor k = at::randn({1, L, 2, 48}).to(device).requires_grad_(true);
-  const at::Tensor v = at::randn({1, L, 2, 48}).to(device).requires_grad_(true);
-  const at::Tensor g = at::randn({1, L, 4, 48}).to(device);
+  const int64_t L = plan->local_len, d = c.head_dim;
+  auto input = [&](int64_t heads, bool grad) {
+    return at::randn({1, L, heads, d}).to(c.dtype).to(device).requires_grad_(grad);
+  };
+  const at::Tensor q = input(4, true), k = input(2, true), v = input(2, true);
+  const at::Tensor g = input(4, false);
   CpAttentionOptions options;
-  options.softcap = 30.0;
+  options.softcap = c.softcap;
   const CpAttentionOutput o = cp_attention(q, k, v, plan, mesh, options);
   const auto grads = torch::autograd::grad({o.out}, {q, k, v}, {g});
-  return {o.out.detach().cpu(), grads[0].cpu(), grads[1].cpu(), grads[2].cpu()};
+  auto host = [](const at::Tensor& t) { return t.detach().cpu().to(at::kFloat); };
+  return {host(o.out), host(grads[0]), host(grads[1]), host(grads[2])};
 }
 
-TEST_P(CpOnOneGpu, CudaCpAttentionEqualsCpu) {
+void expect_attention_agrees(int cp, const AttentionCase& c, double atol, double rtol) {
   const auto outcomes = ranks::run_ranks(
-      GetParam(),
-      [](int rank, const MeshPtr& gloo) {
-        const AttentionStep cpu = attention_step(at::kCPU, gloo, rank);
+      cp,
+      [&](int rank, const MeshPtr& gloo) {
+        const AttentionStep cpu = attention_step(at::kCPU, gloo, rank, c);
         const AttentionStep gpu =
-            attention_step(kCuda, std::make_shared<testing::StagedMesh>(gloo), rank);
-        ranks::require_close(gpu.out, cpu.out, 1e-5, 1e-4, "attention out");
-        ranks::require_close(gpu.dq, cpu.dq, 1e-5, 1e-4, "attention dq");
-        ranks::require_close(gpu.dk, cpu.dk, 1e-5, 1e-4, "attention dk");
-        ranks::require_close(gpu.dv, cpu.dv, 1e-5, 1e-4, "attention dv");
+            attention_step(kCuda, std::make_shared<testing::StagedMesh>(gloo), rank, c);
+        ranks::require_close(gpu.out, cpu.out, atol, rtol, "attention out");
+        ranks::require_close(gpu.dq, cpu.dq, atol, rtol, "attention dq");
+        ranks::require_close(gpu.dk, cpu.dk, atol, rtol, "attention dk");
+        ranks::require_close(gpu.dv, cpu.dv, atol, rtol, "attention dv");
       },
       std::chrono::seconds(120));
   for (const auto& o : outcomes) EXPECT_TRUE(o.ok) << "rank " << o.rank << ": " << o.message;
+}
+
+TEST_P(CpOnOneGpu, CudaCpAttentionEqualsCpu) {
+  expect_attention_agrees(GetParam(), {.softcap = 30.0}, 1e-5, 1e-4);
+}
+
+TEST_P(CpOnOneGpu, FlashCpAttentionEqualsCpu) {
+  for (const auto& [layout, window] : {std::pair{LayoutKind::kBalanced, int64_t{0}},
+                                       {LayoutKind::kContiguous, int64_t{0}},
+                                       {LayoutKind::kBalanced, int64_t{48}},
+                                       {LayoutKind::kHeadTail, int64_t{48}}}) {
+    SCOPED_TRACE("layout " + std::to_string(static_cast<int>(layout)) + ", window " +
+                 std::to_string(window));
+    expect_attention_agrees(
+        GetParam(), {.layout = layout, .dtype = at::kBFloat16, .window = window, .head_dim = 64},
+        2e-2, 2e-2);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cp, CpOnOneGpu, ::testing::Values(2, 4));
