@@ -62,9 +62,9 @@ def main() -> int:
                         choices=("contiguous", "head_tail", "balanced"))
     parser.add_argument("--loss", default="fused", choices=("fused", "logits"))
     parser.add_argument("--compile", action="store_true", help="torch.compile the CP model")
-    parser.add_argument("--attention", default="auto", choices=("auto", "cpkit", "sdpa"),
+    parser.add_argument("--attention", default="auto", choices=("auto", "cpkit", "varlen"),
                         help="cpkit.integrations.transformers.apply's attention backend "
-                             "(auto: cpkit's own on the CPU)")
+                             "(auto: cpkit's own; varlen for float16 models on CUDA)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     if dist.get_world_size() != DP * CP:

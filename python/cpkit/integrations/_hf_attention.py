@@ -1,14 +1,13 @@
 """The attention function cpkit registers with transformers' AttentionInterface. Backend
 "cpkit": cpkit.cp_attention (docs/spec.md section 4b), which moves only the keys each rank's
-queries need, with sliding windows, attention sinks and soft-capped logits (CPU tensors for
-now). Backends "sdpa" and "varlen": the shard's queries against the keys and values of the
-whole sequence (cpkit.gather_tokens along the token axis of HF's [B, H, S, D]), masked
-exactly by document, position and padding (section 3's mask rule)."""
+queries need, with sliding windows, attention sinks and soft-capped logits, on CPU and CUDA.
+Backend "varlen" (float16 models, which cp_attention does not take): the shard's queries
+against the keys and values of the whole sequence (cpkit.gather_tokens along the token axis
+of HF's [B, H, S, D]) through torch's varlen kernel and the shard's offsets."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .._api import cp_attention as _cp_attention
 from .._api import gather_tokens
@@ -20,34 +19,15 @@ except ImportError:  # pragma: no cover - torch without the varlen API
     varlen_attn = None
 
 NAME = "cpkit"
-BACKENDS = ("auto", "cpkit", "sdpa", "varlen")
+BACKENDS = ("auto", "cpkit", "varlen")
 
 
-def attention_context(shard: dict, positions: torch.Tensor, mesh, backend: str) -> dict:
-    """Per-step state every layer shares: the mask (SDPA) or the offsets (varlen). The
-    positions, document ids and padding flags travel with the keys (non-differentiable
-    gathers), in rank order like the keys, whatever the layout."""
-    pos_q, doc_q, pad_q = positions, shard["document_ids"], shard["padding"]
+def attention_context(shard: dict, mesh, backend: str) -> dict:
+    """Per-step state every layer shares: cp_attention's plans (one per sliding window,
+    planned on first use in this step) or, for "varlen", the shard's offsets."""
     context = {"mesh": mesh, "backend": backend, "shard": shard}
     if backend == "cpkit":
-        context["plans"] = {}  # per sliding window, planned on first use in this step
-        return context
-    if backend == "varlen":
-        return context
-    pos_k = gather_tokens(pos_q, mesh, differentiable=False, dim=1)
-    doc_k = gather_tokens(doc_q, mesh, differentiable=False, dim=1)
-    pad_k = gather_tokens(pad_q, mesh, differentiable=False, dim=1)
-    allowed = ((doc_q[:, :, None] > 0) & (doc_q[:, :, None] == doc_k[:, None, :])
-               & (pos_k[:, None, :] <= pos_q[:, :, None]) & ~pad_k[:, None, :])
-    # A query with no key (padding, empty documents, the row tail) attends to itself (its own
-    # token sits at rank * L + i of the gather): SDPA would give NaN, and such outputs reach
-    # only ignored labels and keys nobody may see.
-    length = pos_q.shape[1]
-    local = torch.arange(length, device=pos_q.device)
-    own = allowed[:, local, local + shard["rank"] * length]
-    allowed[:, local, local + shard["rank"] * length] = own | ~allowed.any(-1)
-    context["mask"] = allowed.unsqueeze(1)  # [rows, 1, L, CP * L]
-    context["distance"] = (pos_q[:, :, None] - pos_k[:, None, :]).unsqueeze(1)
+        context["plans"] = {}
     return context
 
 
@@ -63,8 +43,11 @@ def cp_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
         raise_error("cpkit_attention", "is missing: this model's attention was made "
                     "context-parallel by cpkit.integrations.transformers.apply; call the "
                     "model with model(**shard_batch(batch, mesh))")
+    if dropout:
+        raise_error("model", f"trains with attention dropout {dropout}, which cpkit's "
+                    "attention backends do not apply")
     if context["backend"] == "cpkit":
-        return _cpkit(query, key, value, context, scaling, dropout, sliding_window, kwargs), None
+        return _cpkit(query, key, value, context, scaling, sliding_window, kwargs), None
     for name in ("s_aux", "softcap"):  # attention sinks, attention-logit soft-capping
         if kwargs.get(name) is not None:
             raise_error("model", f"passes '{name}' to its attention, which the "
@@ -72,22 +55,12 @@ def cp_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     mesh = context["mesh"]
     keys = gather_tokens(key, mesh, dim=2)  # [B, Hkv, CP * L, D], rank order
     values = gather_tokens(value, mesh, dim=2)
-    if context["backend"] == "varlen":
-        return _varlen(query, keys, values, context["shard"], scaling, sliding_window), None
-    mask = context["mask"]
-    if sliding_window is not None:  # HF's overlay: key within the last `window` positions
-        mask = mask & (context["distance"] < sliding_window)
-    out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, dropout_p=dropout,
-                                         scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
-    return out.transpose(1, 2).contiguous(), None
+    return _varlen(query, keys, values, context["shard"], scaling, sliding_window), None
 
 
-def _cpkit(query, key, value, context, scaling, dropout, sliding_window, kwargs):
+def _cpkit(query, key, value, context, scaling, sliding_window, kwargs):
     """cpkit.cp_attention on HF's [B, H, L, D] views: only the needed keys move; sinks
     (gpt-oss's ``s_aux``) and soft-capped logits (Gemma 2) inside the op."""
-    if dropout:
-        raise_error("model", f"trains with attention dropout {dropout}, which cpkit's "
-                    "attention does not apply")
     window = int(sliding_window or 0)
     plans = context["plans"]
     if window not in plans:

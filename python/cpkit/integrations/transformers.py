@@ -66,10 +66,10 @@ def apply(model, mesh: Mesh, *, loss: str = "fused", attention: str = "auto",
 
     ``loss``: "fused" (``shifted_cp_linear_loss``, ``chunk_rows`` as there) or "logits".
     ``attention``: "cpkit" (cpkit.cp_attention: only the keys each rank needs move;
-    sliding windows, sinks and soft-capped attention logits; CPU and CUDA), "sdpa" (all keys
-    gathered, a dense boolean mask, any device), "varlen" (all keys gathered, torch's varlen
-    kernel from the shard's offsets: CUDA, half precision, packed documents) or "auto"
-    (varlen where it can run, else cpkit: the dense mask is never picked for you). Soft-capped final logits
+    sliding windows, sinks and soft-capped attention logits; CPU and CUDA, float32 and
+    bfloat16, torch's flash kernels where they apply), "varlen" (all keys gathered, torch's
+    varlen kernel from the shard's offsets: CUDA, half precision, packed documents) or "auto"
+    (cpkit, except varlen for float16 models where it can run). Soft-capped final logits
     (``final_logit_softcapping``) pass to the loss; sliding-window layers are masked exactly.
     """
     _check_model(model)
@@ -92,7 +92,7 @@ def _backend(settings, shard: dict, hidden_dtype: torch.dtype, device: torch.dev
                         "position-id packing)")
         return settings.attention
     runs = (varlen_attn is not None and device.type == "cuda" and shard["packed"]
-            and hidden_dtype in (torch.float16, torch.bfloat16))
+            and hidden_dtype == torch.float16)  # cp_attention takes float32 and bfloat16
     return "varlen" if runs else "cpkit"
 
 
@@ -123,7 +123,7 @@ def _forward(self, input_ids=None, position_ids=None, labels=None, cpkit_shard=N
     embed_dtype = self.get_input_embeddings().weight.dtype
     device = (input_ids if input_ids is not None else inputs_embeds).device
     backend = _backend(settings, cpkit_shard, embed_dtype, device)
-    context = attention_context(cpkit_shard, position_ids, settings.mesh, backend)
+    context = attention_context(cpkit_shard, settings.mesh, backend)
     hidden = self.base_model(input_ids=input_ids, inputs_embeds=inputs_embeds,
                              position_ids=position_ids, use_cache=False,
                              cpkit_attention=context, **kwargs).last_hidden_state
