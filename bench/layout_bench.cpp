@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cpkit/optimized/layout.hpp"
+#include "layout_keys.hpp"
 
 namespace {
 
@@ -76,46 +77,6 @@ double ratio(const std::vector<double>& work) {
   return most / (sum / static_cast<double>(work.size()));
 }
 
-// The attention documents of a planned row: its documents, then any padding tail.
-std::vector<int64_t> attention_docs(std::vector<int64_t> docs, const cpkit::LayoutPlan& p) {
-  int64_t T = 0;
-  for (const int64_t n : docs) T += n;
-  if (p.padded_len > T) docs.push_back(p.padded_len - T);
-  return docs;
-}
-
-// Per rank, the keys its queries need from other ranks (spec 4b without a window): in each
-// attention document, the positions before its last query there that it does not own.
-std::vector<double> needed_keys(const cpkit::LayoutPlan& p, const std::vector<int64_t>& docs) {
-  std::vector<int64_t> starts{0};
-  for (const int64_t n : docs) starts.push_back(starts.back() + n);
-  std::vector<double> out;
-  for (const auto& list : p.fragments) {
-    double needed = 0;
-    std::size_t d = 0;
-    int64_t owned = 0, last = -1;
-    auto close = [&] {
-      if (last >= 0) needed += static_cast<double>(last + 1 - starts[d] - owned);
-      owned = 0;
-      last = -1;
-    };
-    for (const cpkit::Fragment& f : list)
-      for (int64_t t = f.begin; t < f.end;) {
-        while (t >= starts[d + 1]) {
-          close();
-          ++d;
-        }
-        const int64_t e = std::min(f.end, starts[d + 1]);
-        owned += e - t;
-        last = e - 1;
-        t = e;
-      }
-    close();
-    out.push_back(needed);
-  }
-  return out;
-}
-
 void run(benchmark::State& state, LayoutKind kind) {
   const auto rows = rows_of(state.range(0));
   const int cp = static_cast<int>(state.range(1));
@@ -129,7 +90,7 @@ void run(benchmark::State& state, LayoutKind kind) {
   double mean = 0, worst = 0, tile_mean = 0, tile_worst = 0, fragments = 0, needed = 0, busiest = 0;
   for (const auto& docs : rows) {
     const cpkit::LayoutPlan p = plan(kind, docs, cp, slack);
-    const std::vector<int64_t> attention = attention_docs(docs, p);
+    const std::vector<int64_t> attention = cpkit::bench::attention_docs(docs, p);
     const double r = ratio(cpkit::layout_work(p, attention));
     const double t = ratio(cpkit::layout_work(p, attention, 128));
     mean += r;
@@ -138,7 +99,7 @@ void run(benchmark::State& state, LayoutKind kind) {
     tile_worst = std::max(tile_worst, t);
     for (const auto& list : p.fragments)
       fragments = std::max(fragments, static_cast<double>(list.size()));
-    const std::vector<double> keys = needed_keys(p, attention);
+    const std::vector<double> keys = cpkit::bench::needed_keys(p, attention);
     const double all_gather = static_cast<double>((cp - 1) * p.local_len);
     for (const double k : keys) needed += k / all_gather / cp;
     busiest += *std::max_element(keys.begin(), keys.end()) / all_gather;

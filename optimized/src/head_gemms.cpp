@@ -7,7 +7,6 @@
 #include <algorithm>
 
 #include "cpkit/optimized/error.hpp"
-#include "cpkit/optimized/linear_loss.hpp"
 #include "tensor_checks.hpp"
 
 namespace cpkit {
@@ -46,13 +45,21 @@ void check_head_inputs(const at::Tensor& hidden, const at::Tensor& weight, doubl
 
 namespace {
 
-// Rows per chunk: the option when set (at most `rows`), else the default rule.
-int64_t head_chunk_rows(int64_t chunk_rows, int64_t vocab, int64_t rows, bool cuda) {
-  return chunk_rows > 0 ? std::min(chunk_rows, rows)
-                        : default_linear_loss_chunk_rows(vocab, rows, cuda);
-}
+constexpr int64_t kCudaChunkBytes = int64_t{1} << 30;
+// On the CPU every chunk repacks the whole [V, H] weight for two GEMMs and reads and writes
+// d weight once; past 512 rows nothing more was gained (docs/performance.md).
+constexpr int64_t kCpuMaxChunkRows = 512;
+constexpr int64_t kChunkRowMultiple = 64;  // whole tiles for the matmuls
 
 }  // namespace
+
+int64_t default_chunk_rows(int64_t vocab, int64_t rows, bool cuda, int64_t cpu_budget) {
+  const int64_t budget = cuda ? kCudaChunkBytes : cpu_budget;
+  int64_t chunk = std::max<int64_t>(1, budget / (vocab * static_cast<int64_t>(sizeof(float))));
+  if (!cuda) chunk = std::min(chunk, kCpuMaxChunkRows);
+  if (chunk >= kChunkRowMultiple) chunk -= chunk % kChunkRowMultiple;
+  return std::max<int64_t>(1, std::min(chunk, rows));
+}
 
 bool vocab_major(const at::Tensor& z, const char* name) {
   // First: a single row is both, and vocab-major is the layout every CPU kernel reads.
@@ -67,9 +74,11 @@ bool vocab_major(const at::Tensor& z, const char* name) {
 }
 
 HeadGemms::HeadGemms(const at::Tensor& hidden, const at::Tensor& weight, LogitsPrecision precision,
-                     int64_t chunk_rows)
+                     int64_t chunk_rows, int64_t cpu_budget)
     : round_(hidden.scalar_type() != at::kFloat && precision == LogitsPrecision::kInput),
-      chunk_(head_chunk_rows(chunk_rows, weight.size(0), hidden.size(0), hidden.is_cuda())),
+      chunk_(chunk_rows > 0 ? std::min(chunk_rows, hidden.size(0))
+                            : default_chunk_rows(weight.size(0), hidden.size(0), hidden.is_cuda(),
+                                                 cpu_budget)),
       vocab_major_(!hidden.is_cuda()) {
   hidden_ = round_ ? hidden : hidden.to(at::kFloat);
   weight_ = round_ ? weight : weight.to(at::kFloat);

@@ -20,13 +20,26 @@ void check_head_inputs(const at::Tensor& hidden, const at::Tensor& weight, doubl
 // row-major; raises naming `name` for any other layout and for vocab-major CUDA logits.
 bool vocab_major(const at::Tensor& z, const char* name);
 
+// Each op's CPU budget of fp32 logits for its default chunk (docs/performance.md, "Chunk
+// size"): the SFT loss meets its time and memory targets together at 128 MiB (256 rows at
+// V 131072); the policy loss (and token_logprobs, its no-grad pass) needs 256 MiB for its
+// time and GEMM-throughput targets.
+constexpr int64_t kLossCpuChunkBytes = int64_t{128} << 20;
+constexpr int64_t kLogprobCpuChunkBytes = int64_t{256} << 20;
+
+// The default chunk: as many rows as fit `cpu_budget` bytes of fp32 logits and at most 512
+// (CPU tensors) or 1 GiB (CUDA tensors), rounded down to a multiple of 64 rows when that is at
+// least 64, never more than `rows`, at least 1.
+int64_t default_chunk_rows(int64_t vocab, int64_t rows, bool cuda, int64_t cpu_budget);
+
 class HeadGemms {
  public:
-  // hidden [rows, H] and weight [V, H], checked; chunk_rows: the option (0: the default rule). A
+  // hidden [rows, H] and weight [V, H], checked; chunk_rows: the option (0: the default rule
+  // with `cpu_budget`). A
   // bf16 head under LogitsPrecision::kFp32 is upcast once per call (exact: every bf16 value is an
   // fp32 value), so its products and sums are fp32 GEMMs: V * H * 4 bytes more than the bf16 head.
   HeadGemms(const at::Tensor& hidden, const at::Tensor& weight, LogitsPrecision precision,
-            int64_t chunk_rows);
+            int64_t chunk_rows, int64_t cpu_budget);
 
   int64_t chunk() const { return chunk_; }
 

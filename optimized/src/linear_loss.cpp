@@ -16,20 +16,12 @@ namespace cpkit {
 
 namespace {
 
-constexpr int64_t kCpuChunkBytes = int64_t{256} << 20;
-constexpr int64_t kCudaChunkBytes = int64_t{1} << 30;
-// On the CPU every chunk repacks the whole [V, H] weight for two GEMMs and reads and writes
-// d weight once: at V 131072, H 512 the fused loss ran ~10 % faster with 512 rows than with
-// 256 (interleaved in one process, docs/performance.md); more rows gained nothing more.
-constexpr int64_t kCpuMaxChunkRows = 512;
-constexpr int64_t kChunkRowMultiple = 64;  // whole tiles for the matmuls
-
 LinearLossWithGrad fused_linear_loss(const at::Tensor& hidden, const at::Tensor& weight,
                                      const detail::Targets& t, int64_t cp,
                                      const LinearLossOptions& options, LinearLossGrads want) {
   const int64_t H = hidden.size(2), V = weight.size(0), rows = t.targets.numel();
   const detail::HeadGemms head(hidden.reshape({rows, H}), weight, options.logits_precision,
-                               options.chunk_rows);
+                               options.chunk_rows, detail::kLossCpuChunkBytes);
   const at::Tensor targets = t.targets.reshape({rows});
   const auto f32 = hidden.options().dtype(at::kFloat);
   at::Tensor row_loss = at::empty({rows}, f32);
@@ -88,11 +80,7 @@ detail::Targets prepare_linear(const at::Tensor& hidden, const at::Tensor& weigh
 }  // namespace
 
 int64_t default_linear_loss_chunk_rows(int64_t vocab, int64_t rows, bool cuda) {
-  const int64_t budget = cuda ? kCudaChunkBytes : kCpuChunkBytes;
-  int64_t chunk = std::max<int64_t>(1, budget / (vocab * static_cast<int64_t>(sizeof(float))));
-  if (!cuda) chunk = std::min(chunk, kCpuMaxChunkRows);
-  if (chunk >= kChunkRowMultiple) chunk -= chunk % kChunkRowMultiple;
-  return std::max<int64_t>(1, std::min(chunk, rows));
+  return detail::default_chunk_rows(vocab, rows, cuda, detail::kLossCpuChunkBytes);
 }
 
 at::Tensor shifted_cp_linear_loss(const at::Tensor& hidden, const at::Tensor& weight,

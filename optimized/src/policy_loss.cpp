@@ -131,7 +131,8 @@ PolicyLossWithGrad fused_policy_loss(const at::Tensor& hidden, const at::Tensor&
     w = w / per_sequence.index_select(0, key).clamp_min(1.0);
   range.w = w;
 
-  const detail::HeadGemms head(hidden.reshape({rows, H}), weight, o.logits_precision, o.chunk_rows);
+  const detail::HeadGemms head(hidden.reshape({rows, H}), weight, o.logits_precision, o.chunk_rows,
+                               detail::kLogprobCpuChunkBytes);
   const auto f32 = hidden.options().dtype(at::kFloat);
   const at::Tensor stats = at::empty({rows, 3}, f32);
   // The entropy (and the kernels' centred sums) only where it is returned or in the objective.

@@ -90,7 +90,8 @@ TokenLogprobsForward token_logprobs_forward(const at::Tensor& hidden, const at::
   const int64_t B = hidden.size(0), L = hidden.size(1), H = hidden.size(2);
   const int64_t rows = B * L;
   const detail::HeadGemms head(hidden.detach().reshape({rows, H}), weight.detach(),
-                               options.logits_precision, options.chunk_rows);
+                               options.logits_precision, options.chunk_rows,
+                               detail::kLogprobCpuChunkBytes);
   const auto f32 = hidden.options().dtype(at::kFloat);
   const at::Tensor targets = t.targets.reshape({rows});
   TokenLogprobsForward out;
@@ -144,7 +145,8 @@ TokenLogprobsGrads token_logprobs_backward(const at::Tensor& hidden, const at::T
   TokenLogprobsGrads out;
   if (!want_hidden && !want_weight) return out;
   const detail::HeadGemms head(hidden.detach().reshape({rows, H}), weight.detach(),
-                               options.logits_precision, options.chunk_rows);
+                               options.logits_precision, options.chunk_rows,
+                               detail::kLogprobCpuChunkBytes);
   const auto f32 = hidden.options().dtype(at::kFloat);
   at::Tensor grad_hidden = want_hidden ? at::empty({rows, H}, hidden.options()) : at::Tensor();
   // fp32 accumulator, written by the first chunk and added to by the rest (as the loss's).
@@ -164,6 +166,10 @@ TokenLogprobsGrads token_logprobs_backward(const at::Tensor& hidden, const at::T
   if (want_hidden) out.hidden = grad_hidden.view(hidden.sizes());
   if (want_weight) out.weight = grad_weight.to(weight.scalar_type());
   return out;
+}
+
+int64_t default_logprob_chunk_rows(int64_t vocab, int64_t rows, bool cuda) {
+  return detail::default_chunk_rows(vocab, rows, cuda, detail::kLogprobCpuChunkBytes);
 }
 
 TokenLogprobs token_logprobs(const at::Tensor& hidden, const at::Tensor& weight,

@@ -26,6 +26,7 @@ from ._api import (  # noqa: E402
     TokenLogprobs,
     cp_attention,
     gather_tokens,
+    pack_documents,
     prepare_cp_inputs,
     policy_loss,
     prepare_packed_cp_inputs,
@@ -45,6 +46,7 @@ __all__ = [
     "TokenLogprobs",
     "cp_attention",
     "gather_tokens",
+    "pack_documents",
     "prepare_cp_inputs",
     "policy_loss",
     "prepare_packed_cp_inputs",
@@ -54,4 +56,4 @@ __all__ = [
     "shifted_cp_loss",
     "token_logprobs",
 ]
-__version__ = "0.2.1"
+__version__ = "0.2.2"

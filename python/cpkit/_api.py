@@ -101,7 +101,7 @@ def shifted_cp_linear_loss(
     bfloat16, same dtype and device; ``labels`` and ``valid`` as for ``shifted_cp_loss``.
     Returns exactly ``shifted_cp_loss(softcap(hidden @ weight.T).float(), labels, valid,
     mesh)``, with gradients for ``hidden`` and ``weight`` computed in the forward, a chunk of
-    ``chunk_rows`` token rows at a time (0: as many as fit 256 MiB of fp32 logits and at
+    ``chunk_rows`` token rows at a time (0: as many as fit 128 MiB of fp32 logits and at
     most 512 rows on CPU, 1 GiB on CUDA). Peak extra memory is about one chunk of logits,
     whatever ``L`` is. A gradient is computed only for an input that requires one.
     ``layout`` as for :func:`shifted_cp_loss`. ``logits_precision``: ``"input"`` (bf16 heads
@@ -249,6 +249,23 @@ def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: list,
     out, lse, _ = torch.ops.cpkit.cp_attention(q, k, v, sinks, plan, group_name(mesh),
                                                float(scale), float(softcap))
     return CpAttention(out, lse)
+
+
+@translate
+def pack_documents(lengths: list[int], rows: int, capacity: int,
+                   window: int = 0) -> list[list[int]]:
+    """Assigns one step's documents (token counts) to ``rows`` packed rows of ``capacity``
+    tokens (every DP rank's microbatches) so that the rows' attention work is even
+    (docs/spec.md section 2c); ``layout="balanced"`` then evens each row over its CP ranks.
+    ``window``: the model's sliding window (0: none), which caps each token's work. Returns
+    each row's document indices in input order. Deterministic: every rank gets the same rows.
+    Raises CPError naming ``capacity`` when a document fits no row."""
+    row_of = torch.ops.cpkit.pack_documents([int(n) for n in lengths], int(rows),
+                                            int(capacity), int(window))
+    packed: list[list[int]] = [[] for _ in range(int(rows))]
+    for index, row in enumerate(row_of):
+        packed[row].append(index)
+    return packed
 
 
 @translate

@@ -89,6 +89,9 @@ def _run(case: dict) -> None:
         cpkit.gather_tokens(_tensor(case["value"]))
     elif call == "local":
         _sharder(case).local(case["microbatch"])
+    elif call == "pack_documents":
+        cpkit.pack_documents(case["lengths"], case["rows"], case["capacity"],
+                             window=case.get("window", 0))
     elif call == "cut_spliced":
         _sharder(case).cut_spliced(0, _tensor(case["spliced"]))
     elif call in ("prepare_cp_inputs", "prepare_packed_cp_inputs"):

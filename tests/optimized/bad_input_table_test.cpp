@@ -17,6 +17,7 @@
 #include "cpkit/optimized/error.hpp"
 #include "cpkit/optimized/gather.hpp"
 #include "cpkit/optimized/loss.hpp"
+#include "cpkit/optimized/packer.hpp"
 #include "cpkit/optimized/policy_loss.hpp"
 #include "cpkit/optimized/process_group.hpp"
 #include "cpkit/optimized/sharder.hpp"
@@ -160,6 +161,9 @@ void run(const json& c) {
     sharder_of(c).local(0, c.at("rank").get<int>());
   } else if (call == "cut_spliced") {
     sharder_of(c).cut_spliced(0, tensor_of(c.at("spliced")));
+  } else if (call == "pack_documents") {
+    pack_documents(c.at("lengths").get<std::vector<int64_t>>(), c.at("rows").get<int64_t>(),
+                   c.at("capacity").get<int64_t>(), c.value("window", int64_t{0}));
   } else if (call == "make_gloo_mesh") {
     make_gloo_mesh("/tmp/cpkit-never-used", c.at("rank").get<int>(), c.at("size").get<int>());
   } else if (call.rfind("prepare_", 0) == 0) {

@@ -12,6 +12,7 @@
 #include "cpkit/optimized/host_cache.hpp"
 #include "cpkit/optimized/linear_loss.hpp"
 #include "cpkit/optimized/loss.hpp"
+#include "cpkit/optimized/token_logprobs.hpp"
 #include "largest_allocation.hpp"
 #include "rank_expectations.hpp"
 
@@ -97,14 +98,21 @@ CPKIT_TEST_AT_CP_SIZES(LinearLossTest, Bfloat16EqualsTheMaterialisedPath, 1, 2, 
 }
 
 TEST(LinearLossChunks, DefaultFollowsTheBudget) {
-  // 256 MiB of fp32 logits and <= 512 rows on CPU, 1 GiB on CUDA, rounded down to 64 rows.
-  EXPECT_EQ(default_linear_loss_chunk_rows(65536, 1 << 20, false), 512);        // 1024 -> cap 512
-  EXPECT_EQ(default_linear_loss_chunk_rows(204800, 1 << 20, false), 320);       // 327 -> 320
-  EXPECT_EQ(default_linear_loss_chunk_rows(1 << 20, 1 << 20, false), 64);       // 64 rows fit
-  EXPECT_EQ(default_linear_loss_chunk_rows(204800, 1 << 20, true), 1280);       // 1310 -> 1280
-  EXPECT_EQ(default_linear_loss_chunk_rows(32000, 100, false), 100);            // never past rows
-  EXPECT_EQ(default_linear_loss_chunk_rows(int64_t{1} << 27, 100, false), 1);   // 0 rows fit
-  EXPECT_EQ(default_linear_loss_chunk_rows(int64_t{1} << 22, 100, false), 16);  // < 64: exact
+  // The SFT loss: 128 MiB of fp32 logits and <= 512 rows on CPU, 1 GiB on CUDA, rounded down
+  // to 64 rows.
+  EXPECT_EQ(default_linear_loss_chunk_rows(65536, 1 << 20, false), 512);       // 512 rows fit
+  EXPECT_EQ(default_linear_loss_chunk_rows(131072, 1 << 20, false), 256);      // 256 rows fit
+  EXPECT_EQ(default_linear_loss_chunk_rows(204800, 1 << 20, false), 128);      // 163 -> 128
+  EXPECT_EQ(default_linear_loss_chunk_rows(1 << 20, 1 << 20, false), 32);      // < 64: exact
+  EXPECT_EQ(default_linear_loss_chunk_rows(204800, 1 << 20, true), 1280);      // 1310 -> 1280
+  EXPECT_EQ(default_linear_loss_chunk_rows(32000, 100, false), 100);           // never past rows
+  EXPECT_EQ(default_linear_loss_chunk_rows(int64_t{1} << 27, 100, false), 1);  // 0 rows fit
+  // token_logprobs and policy_loss: 256 MiB on CPU, the same on CUDA.
+  EXPECT_EQ(default_logprob_chunk_rows(65536, 1 << 20, false), 512);   // 1024 -> cap 512
+  EXPECT_EQ(default_logprob_chunk_rows(131072, 1 << 20, false), 512);  // 512 rows fit
+  EXPECT_EQ(default_logprob_chunk_rows(204800, 1 << 20, false), 320);  // 327 -> 320
+  EXPECT_EQ(default_logprob_chunk_rows(1 << 20, 1 << 20, false), 64);  // 64 rows fit
+  EXPECT_EQ(default_logprob_chunk_rows(204800, 1 << 20, true), 1280);  // 1310 -> 1280
 }
 
 // A frozen head (or frozen hidden states) gets no gradient, and its matmul is not done.

@@ -22,10 +22,11 @@ struct LinearLossOptions {
   std::shared_ptr<const LayoutPlan> layout = nullptr;  // as in LossOptions; none: contiguous
 };
 
-// The default chunk: as many rows as fit a budget of fp32 logits (256 MiB and at most 512 rows
+// The default chunk: as many rows as fit a budget of fp32 logits (128 MiB and at most 512 rows
 // for CPU tensors, 1 GiB for CUDA tensors), rounded down to a multiple of 64 rows when that is
 // at least 64, never more than `rows`. The extra memory of a call is about one chunk of
 // logits; each chunk also reads and writes d weight [V, H] once, so fewer rows cost time.
+// token_logprobs and policy_loss have their own (default_logprob_chunk_rows).
 int64_t default_linear_loss_chunk_rows(int64_t vocab, int64_t rows, bool cuda);
 
 // Returns what shifted_cp_loss(logits, labels, valid, mesh, {softcap}) returns for logits =

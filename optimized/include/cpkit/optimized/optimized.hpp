@@ -14,6 +14,7 @@
 #include "cpkit/optimized/logits_precision.hpp"
 #include "cpkit/optimized/loss.hpp"
 #include "cpkit/optimized/offsets.hpp"
+#include "cpkit/optimized/packer.hpp"
 #include "cpkit/optimized/process_group.hpp"
 #include "cpkit/optimized/sharder.hpp"
 #include "cpkit/optimized/token_logprobs.hpp"

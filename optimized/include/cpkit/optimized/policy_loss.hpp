@@ -49,7 +49,7 @@ struct PolicyLossOptions {
   double divisor = 0.0;  // kConstant: J = sum of terms / divisor
   double softcap = 0.0, temperature = 1.0;
   LogitsPrecision logits_precision = LogitsPrecision::kFp32;
-  int64_t chunk_rows = 0;                              // as LinearLossOptions::chunk_rows
+  int64_t chunk_rows = 0;  // token rows per chunk; 0: default_logprob_chunk_rows
   std::shared_ptr<const LayoutPlan> layout = nullptr;  // as in LossOptions; none: contiguous
   MeshPtr dp_mesh = nullptr;                           // the DP group the counts span (none: 1)
 };

@@ -19,9 +19,14 @@ struct TokenLogprobsOptions {
   double temperature = 1.0;  // the sampler's: z / t after the cap; finite and > 0
   bool entropy = false;      // also each position's entropy
   LogitsPrecision logits_precision = LogitsPrecision::kFp32;
-  int64_t chunk_rows = 0;                              // as LinearLossOptions::chunk_rows
+  int64_t chunk_rows = 0;  // token rows per chunk; 0: default_logprob_chunk_rows
   std::shared_ptr<const LayoutPlan> layout = nullptr;  // as in LossOptions; none: contiguous
 };
+
+// The default chunk of token_logprobs and policy_loss: default_linear_loss_chunk_rows' rule
+// with 256 MiB of fp32 logits on the CPU (the policy loss's time targets need the larger
+// chunk; docs/performance.md).
+int64_t default_logprob_chunk_rows(int64_t vocab, int64_t rows, bool cuda);
 
 struct TokenLogprobs {
   at::Tensor logprobs;    // [B, L] float32, 0 where there is no target

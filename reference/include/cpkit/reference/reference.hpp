@@ -9,6 +9,7 @@
 #include "cpkit/reference/linear_loss.hpp"
 #include "cpkit/reference/loss.hpp"
 #include "cpkit/reference/offsets.hpp"
+#include "cpkit/reference/packer.hpp"
 #include "cpkit/reference/policy_loss.hpp"
 #include "cpkit/reference/sharder.hpp"
 #include "cpkit/reference/token_logprobs.hpp"
