@@ -25,6 +25,12 @@ auto checked(F&& body) -> decltype(body()) {
   }
 }
 
+// An op's output never aliases its input (its schema promises a fresh tensor): at CP = 1
+// or for a cut that is already contiguous the library returns a view, copied here.
+inline at::Tensor fresh(const at::Tensor& out, const at::Tensor& input) {
+  return input.defined() && out.is_alias_of(input) ? out.clone() : out;
+}
+
 CPBatch batch_of(const std::optional<at::Tensor>& input_ids,
                  const std::optional<at::Tensor>& inputs_embeds, const at::Tensor& labels,
                  const std::optional<at::Tensor>& position_ids,
