@@ -1,7 +1,7 @@
 """cp_attention from Python in one process (CP 1): values, log-sum-exp and gradients against
 attention written out in torch in double (attention_truth.py) for GQA, sliding windows, the
 soft cap and sinks; the op's fake and autograd registrations (opcheck); bad plans. CP 2-4 run
-in the torchrun worlds (cp_worker.check_cp_attention)."""
+in the torchrun worlds (cp_checks_tokens.check_cp_attention)."""
 
 from __future__ import annotations
 

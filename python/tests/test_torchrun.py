@@ -5,7 +5,7 @@ packed documents straddling ranks, soft cap, N == 0); ranks that disagree (gathe
 loss length and vocabulary, a different batch per rank) raise on every rank within a second;
 a peer that dies in the loss's exchange makes the others raise; torch.compile(fullgraph=True)
 at CP 2, 3, 4 with upstreams 1 and 0.5, 3-microbatch accumulation and keys gathered along
-the sequence dim. The checks live in cp_worker.py."""
+the sequence dim. The checks live in cp_checks_*.py, run by cp_worker.py."""
 
 from __future__ import annotations
 
