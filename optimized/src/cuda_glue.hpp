@@ -10,7 +10,8 @@ namespace cpkit::detail {
 void* current_stream(const at::Tensor& t);
 
 // Whether this build has cpkit's CUDA kernels. Without them the kernels' *_cuda launchers
-// are stubs (cpu/no_cuda_glue.cpp) that launch_on never reaches.
+// are stubs (cuda_glue_none.cpp) that launch_on never reaches; with them, cuda_glue_cuda.cpp
+// implements this header.
 bool cuda_kernels_built();
 
 // The one way LibTorch-side code launches a kernel: `launch(stream)` with `t`'s GPU current
