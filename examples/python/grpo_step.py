@@ -5,7 +5,8 @@ them, checked against the same step in one process.
         [--layout contiguous|head_tail] [--temperature 0.8]
 
 A tiny causal policy samples a group of responses to one prompt in one process (the rollout).
-Each rank then holds its shard of the sequences (cpkit.prepare_cp_inputs) and computes, with
+Each rank then holds its shard of the sequences (cpkit.prepare_cp_inputs; attention through
+cpkit.cp_attention, only the keys each rank's queries need moving) and computes, with
 cpkit.token_logprobs, the log-probability of every sampled token under the policy and the
 sampler's temperature: the LM head is fused in (no [B, S, V] logits), the target of a shard's
 last token comes from the next rank, and bf16 heads keep fp32 logits. Those old
@@ -41,23 +42,19 @@ class Policy(torch.nn.Module):
         self.out = torch.nn.Linear(HIDDEN, HIDDEN, bias=False)
         self.head = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
 
-    def hidden(self, ids: torch.Tensor, positions: torch.Tensor, padding: torch.Tensor,
-               mesh) -> torch.Tensor:
-        """ids [B, L] of this rank's shard -> hidden states [B, L, H]; mesh None: whole rows.
-        Keys come from every rank through gather_tokens, masked by their global positions
-        (causal whatever the layout) and padding."""
+    def hidden(self, ids: torch.Tensor, plan, mesh) -> torch.Tensor:
+        """ids [B, L] -> hidden states [B, L, H]. ``plan`` None: whole rows, causal attention;
+        else this rank's shard through cpkit.cp_attention with the shard's attention plan
+        (each rank receives only the keys its queries may see; padding sees nothing)."""
         x = self.embed(ids)
         q, k, v = self.qkv(x).chunk(3, dim=-1)
-        k_all = cpkit.gather_tokens(k, mesh, dim=1)
-        v_all = cpkit.gather_tokens(v, mesh, dim=1)
-        pos_k = cpkit.gather_tokens(positions, mesh, differentiable=False, dim=1)
-        pad_k = cpkit.gather_tokens(padding, mesh, differentiable=False, dim=1)
-        allowed = (pos_k[:, None, :] <= positions[:, :, None]) & ~pad_k[:, None, :]
-        allowed |= ~allowed.any(-1, keepdim=True)  # padding queries: any key (ignored anyway)
-        heads = lambda t: t.view(*t.shape[:2], HEADS, -1).transpose(1, 2)  # noqa: E731
-        attended = F.scaled_dot_product_attention(heads(q), heads(k_all), heads(v_all),
-                                                  attn_mask=allowed.unsqueeze(1))
-        return x + self.out(attended.transpose(1, 2).reshape(*x.shape))
+        heads = lambda t: t.view(*t.shape[:2], HEADS, -1)  # noqa: E731  [B, L, heads, D]
+        if plan is None:
+            attended = F.scaled_dot_product_attention(
+                *(heads(t).transpose(1, 2) for t in (q, k, v)), is_causal=True).transpose(1, 2)
+        else:
+            attended = cpkit.cp_attention(heads(q), heads(k), heads(v), plan, mesh).out
+        return x + self.out(attended.reshape(*x.shape))
 
 
 @torch.no_grad()
@@ -67,7 +64,7 @@ def rollout(policy: Policy, temperature: float) -> torch.Tensor:
     ids = torch.randint(0, VOCAB, (1, PROMPT), generator=g).repeat(GROUP, 1)
     while ids.shape[1] < SEQ:
         n = ids.shape[1]
-        h = policy.hidden(ids, torch.arange(n).expand(GROUP, n), torch.zeros_like(ids).bool(), None)
+        h = policy.hidden(ids, None, None)
         probs = F.softmax(policy.head(h[:, -1]) / temperature, dim=-1)
         ids = torch.cat([ids, torch.multinomial(probs, 1, generator=g)], dim=1)
     return ids
@@ -93,7 +90,7 @@ def cp_step(policy: Policy, ids: torch.Tensor, mesh, layout: str, temperature: f
     sharder = cpkit.prepare_cp_inputs({"input_ids": ids, "labels": labels}, 1, mesh=mesh,
                                       layout=layout)
     s = sharder.local(0)
-    h = policy.hidden(s["input_ids"], s["position_ids"], s["padding"], mesh)
+    h = policy.hidden(s["input_ids"], sharder.attention_plan(0), mesh)
     with torch.no_grad():  # the rollout's log-probabilities (the "old policy")
         old = cpkit.token_logprobs(h, policy.head.weight, s["labels"], s["valid"], mesh,
                                    temperature=temperature, layout=s["layout"])
@@ -122,7 +119,7 @@ def one_process_step(policy: Policy, ids: torch.Tensor, temperature: float):
     """The same with F.log_softmax on the whole batch: fp64 old log-probabilities (to check
     cpkit's), then the loss in the policy's fp32."""
     n = ids.shape[1]
-    h = policy.hidden(ids, torch.arange(n).expand(GROUP, n), torch.zeros_like(ids).bool(), None)
+    h = policy.hidden(ids, None, None)
     logits = h[:, :-1] @ policy.head.weight.T / temperature
     target = ids[:, 1:].unsqueeze(-1)
     mask = torch.zeros(GROUP, n)

@@ -8,8 +8,7 @@ Each rank holds its shard of every packed row (cpkit.prepare_packed_cp_inputs): 
 block, or under a load-balanced layout pieces of documents chosen so every rank does the same
 causal attention work. The attention layer is cpkit.cp_attention: each rank receives only the
 keys and values its queries may see (the shard's attention plan) and returns their gradients
-to their owners (on a GPU, where cp_attention does not run yet: keys gathered with
-cpkit.gather_tokens into a varlen kernel driven by the shard's offsets). The one-process run
+to their owners, on CPU and GPU tensors alike. The one-process run
 writes the document-causal mask out over the whole row. The LM head's logits go to
 cpkit.shifted_cp_loss with the shard's layout, whose CP / N scaling makes the average of the
 ranks' gradients (all-reduce / CP, as FSDP does) the single-device gradient. Rank 0 prints both
@@ -29,11 +28,6 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import cpkit
 
-try:  # a varlen attention kernel where torch provides one (FlashAttention / cuDNN on a GPU)
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:
-    varlen_attn = None
-
 VOCAB, HIDDEN, HEADS, ROW = 64, 32, 2, 67  # ROW tokens per packed row: no CP divides it
 
 
@@ -51,10 +45,6 @@ class TinyLM(torch.nn.Module):
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         if mesh is None:
             attended = self.masked(q, k, v, shard)
-        elif x.is_cuda and varlen_attn is not None:  # a varlen kernel with cpkit's offsets
-            k_all = cpkit.gather_tokens(k, mesh, differentiable=True)
-            v_all = cpkit.gather_tokens(v, mesh, differentiable=True)
-            attended = self.varlen(q, k_all, v_all, shard)
         else:  # only the keys this rank's queries may see move
             heads = lambda t: t.view(1, len(ids), HEADS, -1)  # noqa: E731
             out = cpkit.cp_attention(heads(q), heads(k), heads(v), shard["attention_plan"], mesh)
@@ -74,20 +64,6 @@ class TinyLM(torch.nn.Module):
         heads = lambda t: t.view(t.shape[0], HEADS, -1).transpose(0, 1)  # noqa: E731
         attended = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=allowed)
         return attended.transpose(0, 1).reshape(len(pos), HIDDEN) * seen[:, None]
-
-    def varlen(self, q, k_all, v_all, shard) -> torch.Tensor:
-        """The same attention from cpkit's varlen offsets (docs/optimized.md): the shard's
-        queries as they are, keys [k_begin, k_end) of the gathered ones (the rows k_index
-        picks under other layouts), causal bottom-right.
-        Padding queries' outputs differ from the mask's (unspecified) and reach only ignored
-        labels. Runs where torch's varlen kernel does (CUDA, half precision); not run on the
-        CPU machine this example is tested on."""
-        used = shard.get("k_index", slice(shard["k_begin"], shard["k_end"]))
-        split = lambda t: t.reshape(t.shape[0], HEADS, -1).to(torch.bfloat16)  # noqa: E731
-        out = varlen_attn(split(q), split(k_all[used]), split(v_all[used]), shard["cu_seqlens_q"],
-                          shard["cu_seqlens_k"], shard["max_seqlen_q"], shard["max_seqlen_k"],
-                          window_size=(-1, 0))
-        return out.reshape(q.shape[0], HIDDEN).to(q.dtype)
 
 
 def packed_batch(step: int) -> dict:
