@@ -1,8 +1,8 @@
 // One real context-parallel training step on cpkit, started by torchrun (or srun):
 //   mesh from the launcher's variables -> packed documents -> sharder -> an attention layer
-//   whose keys/values come through gather_tokens with the exact document-causal mask ->
-//   LM head -> shifted_cp_loss -> backward -> gradients averaged over the CP group (as FSDP
-//   or DDP would).
+//   through cp_attention (each rank receives only the keys its queries may see) -> LM head ->
+//   shifted_cp_loss -> backward -> gradients averaged over the CP group (as FSDP or DDP
+//   would).
 // Every rank then checks the step against the same model run in one process on the whole
 // batch: the mean of the CP losses equals the single-device loss and the averaged gradients
 // equal the single-device gradients. Exit code 1 when they do not.
@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <vector>
 
 #include <cpkit/optimized/optimized.hpp>
@@ -49,13 +50,13 @@ cpkit::CPBatch make_batch() {
   return batch;
 }
 
-// Queries of one shard against every key of the row: doc(q) > 0, same document, earlier or
-// equal position, key not padding (docs/spec.md section 3). Rows with no key give zeros.
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& pos_q, const at::Tensor& doc_q, const at::Tensor& pos_k,
-                     const at::Tensor& doc_k, const at::Tensor& pad_k) {
-  const at::Tensor allowed = (doc_q.unsqueeze(1) > 0) & (doc_q.unsqueeze(1) == doc_k.unsqueeze(0)) &
-                             (pos_k.unsqueeze(0) <= pos_q.unsqueeze(1)) & (~pad_k).unsqueeze(0);
+// The one-process truth: every query of the row against every key with the document-causal
+// mask written out: doc(q) > 0, same document, earlier or equal position, key not padding
+// (docs/spec.md section 3). Rows with no key give zeros.
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& pos, const at::Tensor& doc, const at::Tensor& pad) {
+  const at::Tensor allowed = (doc.unsqueeze(1) > 0) & (doc.unsqueeze(1) == doc.unsqueeze(0)) &
+                             (pos.unsqueeze(0) <= pos.unsqueeze(1)) & (~pad).unsqueeze(0);
   const at::Tensor scores = at::matmul(q, k.t()) / std::sqrt(static_cast<double>(kHidden));
   const at::Tensor any = allowed.any(1, true);
   const at::Tensor probs = at::where(
@@ -63,18 +64,20 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return at::matmul(probs, v);
 }
 
-// The model on one shard (CP > 1) or the whole row (mesh nullptr): logits [1, L, V].
-at::Tensor forward(const Model& m, const cpkit::LocalShard& s, const cpkit::MeshPtr& mesh) {
+// The model on this rank's shard through cp_attention (`plan` set), or on the whole row with
+// the mask written out (`plan` null, mesh nullptr): logits [1, L, V].
+at::Tensor forward(const Model& m, const cpkit::LocalShard& s,
+                   const std::shared_ptr<const cpkit::AttentionPlan>& plan,
+                   const cpkit::MeshPtr& mesh) {
   const at::Tensor x = m.embed.index_select(0, s.input_ids.flatten());  // [L, H]
   const at::Tensor q = at::matmul(x, m.wq), k = at::matmul(x, m.wk), v = at::matmul(x, m.wv);
-  // Keys and values of the whole row; their metadata travels with them (not differentiable).
-  const at::Tensor k_all = cpkit::gather_tokens(k, mesh, /*differentiable=*/true);
-  const at::Tensor v_all = cpkit::gather_tokens(v, mesh, true);
-  const at::Tensor pos_q = s.position_ids.flatten(), doc_q = s.document_ids.flatten();
-  const at::Tensor h =
-      x + attention(q, k_all, v_all, pos_q, doc_q, cpkit::gather_tokens(pos_q, mesh, false),
-                    cpkit::gather_tokens(doc_q, mesh, false),
-                    cpkit::gather_tokens(s.padding.flatten(), mesh, false));
+  const auto one_head = [](const at::Tensor& t) { return t.view({1, t.size(0), 1, kHidden}); };
+  const at::Tensor attended =
+      plan ? cpkit::cp_attention(one_head(q), one_head(k), one_head(v), plan, mesh)
+                 .out.view({-1, kHidden})
+           : masked_attention(q, k, v, s.position_ids.flatten(), s.document_ids.flatten(),
+                              s.padding.flatten());
+  const at::Tensor h = x + attended;
   // shifted_cp_loss takes contiguous float32 logits [B, L, V].
   return at::matmul(h, m.head.t()).unsqueeze(0).contiguous();
 }
@@ -96,8 +99,10 @@ int main() {
     // The CP step on this rank's shard.
     const cpkit::Sharder sharder = cpkit::prepare_packed_cp_inputs(batch, mesh, /*num_chunks=*/1);
     const cpkit::LocalShard shard = sharder.local(0);
-    const at::Tensor loss = cpkit::shifted_cp_loss(forward(model, shard, mesh), shard.labels,
-                                                   shard.valid, mesh);  // valid is flat [B * L]
+    const auto plan = std::make_shared<const cpkit::AttentionPlan>(
+        cpkit::attention_plan(sharder, 0, env.cp_rank));  // no communication
+    const at::Tensor loss =
+        cpkit::shifted_cp_loss(forward(model, shard, plan, mesh), shard.labels, shard.valid, mesh);
     const auto grads = torch::autograd::grad({loss}, model.params());
     // The loss is scaled CP / N_global: averaging (not summing) over CP ranks, as FSDP and
     // DDP do, gives the single-device mean and its gradient.
@@ -115,7 +120,7 @@ int main() {
     // The same model in one process on the whole row: CP = 1 (no mesh), plain LibTorch loss
     // (position t predicts label t + 1 where that label counts; mean over the targets).
     const cpkit::LocalShard whole = cpkit::prepare_packed_cp_inputs(batch, nullptr, 1).local(0);
-    const at::Tensor logits = forward(model, whole, nullptr).squeeze(0);
+    const at::Tensor logits = forward(model, whole, nullptr, nullptr).squeeze(0);
     const int64_t T = logits.size(0);
     const at::Tensor targets =
         at::where(whole.valid, whole.labels.flatten(), cpkit::kIgnoreLabel).narrow(0, 1, T - 1);
