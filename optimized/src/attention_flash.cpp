@@ -38,8 +38,9 @@ std::pair<std::optional<std::int64_t>, std::optional<std::int64_t>> window_of(
 
 bool flash_takes(const at::Tensor& q, const CpAttentionOptions& options) {
   const std::int64_t d = q.size(-1);
-  return q.is_cuda() && q.scalar_type() == at::kBFloat16 && options.softcap == 0 &&
-         !options.sinks.defined() && d % 8 == 0 && d <= 256;
+  const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
+  return q.is_cuda() && half && options.softcap == 0 && !options.sinks.defined() && d % 8 == 0 &&
+         d <= 256;
 }
 
 void flash_forward(const FlashStage& stage, const VarlenRuns& runs, at::Tensor& out,

@@ -1,4 +1,4 @@
-// cp_attention's stages through torch's varlen flash kernels (CUDA, bfloat16, no soft cap or
+// cp_attention's stages through torch's varlen flash kernels (CUDA, bf16 or fp16, no soft cap or
 // sinks, D a multiple of 8 up to 256): a stage's varlen sequences (attention_runs.hpp) with
 // their queries and key slots gathered, the results scattered back to query rows and key
 // slots. Internal header.

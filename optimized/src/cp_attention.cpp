@@ -40,8 +40,9 @@ Shape check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
     detail::require_defined(*t, name);
     detail::require_dim(*t, 4, name);
-    if (t->scalar_type() != at::kFloat && t->scalar_type() != at::kBFloat16)
-      raise(name, "must be float32 or bfloat16, got ", t->scalar_type());
+    if (t->scalar_type() != at::kFloat && t->scalar_type() != at::kBFloat16 &&
+        t->scalar_type() != at::kHalf)
+      raise(name, "must be float32, bfloat16 or float16, got ", t->scalar_type());
     if (t->scalar_type() != q.scalar_type() || t->device() != q.device())
       raise(name, "must share q's dtype and device (", q.scalar_type(), ", ", q.device(), "), got ",
             t->scalar_type(), ", ", t->device());

@@ -47,6 +47,25 @@ def test_one_rank_equals_attention_in_double(window, softcap, with_sinks):
         torch.testing.assert_close(g.squeeze(0).double(), t, rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_is_float32_rounded_once(dtype):
+    """Half-precision inputs: the output exactly the float32 op's on the same values, rounded
+    to the inputs' dtype; the gradients of that dtype, within its rounding of float32's."""
+    sharder = cpkit.prepare_packed_cp_inputs(BATCH, 1)
+    plan = sharder.attention_plan(0, 3)
+    q, k, v, d_out, _ = (t.to(dtype) for t in _inputs(5))
+    half = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    single = [t.float().requires_grad_(True) for t in (q, k, v)]
+    got, want = (cpkit.cp_attention(*ins, plan, softcap=1.5) for ins in (half, single))
+    assert got.out.dtype == dtype
+    torch.testing.assert_close(got.out, want.out.to(dtype), rtol=0, atol=0)
+    grads = torch.autograd.grad(got.out, half, d_out)
+    truths = torch.autograd.grad(want.out, single, d_out.float())
+    for name, g, t in zip("qkv", grads, truths):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.float(), t, rtol=2e-2, atol=2e-2, msg=name)
+
+
 def test_opcheck():
     sharder = cpkit.prepare_packed_cp_inputs(BATCH, 1)
     plan = sharder.attention_plan(0, 2)

@@ -99,6 +99,44 @@ TEST(CpAttention, OneRankEqualsDenseAttentionInDouble) {
       }
 }
 
+// Half-precision inputs compute in float32 and round once: the output and d v are exactly the
+// float32 op's on the same (rounded) values, rounded to the inputs' dtype; d q and d k read
+// the saved output, rounded, so they agree within that rounding.
+TEST(CpAttention, HalfPrecisionIsFloat32RoundedOnce) {
+  const Sharder s = packed_row();
+  const auto plan = std::make_shared<const AttentionPlan>(attention_plan(s, 0, 0, 3));
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::manual_seed(9);
+    const int64_t T = 20, hq = 4, hkv = 2, d = 8;
+    const at::Tensor q0 = at::randn({1, T, hq, d}).to(dtype),
+                     k0 = at::randn({1, T, hkv, d}).to(dtype);
+    const at::Tensor v0 = at::randn({1, T, hkv, d}).to(dtype),
+                     g0 = at::randn({1, T, hq, d}).to(dtype);
+    auto run = [&](at::ScalarType as) {
+      const at::Tensor q = q0.to(as).requires_grad_(true), k = k0.to(as).requires_grad_(true);
+      const at::Tensor v = v0.to(as).requires_grad_(true);
+      const CpAttentionOutput o = cp_attention(q, k, v, plan, nullptr, {0.0, 1.5, at::Tensor()});
+      auto grads = torch::autograd::grad({o.out}, {q, k, v}, {g0.to(as)});
+      grads.insert(grads.begin(), o.out.detach());
+      return grads;
+    };
+    const auto half = run(dtype), single = run(at::kFloat);
+    const double rounding = dtype == at::kHalf ? 1e-3 : 8e-3;
+    for (std::size_t i = 0; i < half.size(); ++i) {
+      EXPECT_EQ(half[i].scalar_type(), dtype) << "output " << i;
+      if (i == 0 || i == 3) {
+        EXPECT_TRUE(at::equal(half[i], single[i].to(dtype))) << "output " << i;
+      } else {
+        const at::Tensor a = half[i].to(at::kFloat), b = single[i];
+        ASSERT_FALSE(a.isnan().any().item<bool>()) << "output " << i;
+        EXPECT_TRUE(at::allclose(a, b, 2 * rounding, 2 * rounding))
+            << "output " << i << ": max diff " << (a - b).abs().max().item<double>();
+      }
+    }
+  }
+}
+
 TEST(CpAttention, BadInputsAreNamed) {
   const Sharder s = packed_row();
   const auto plan = std::make_shared<const AttentionPlan>(attention_plan(s, 0, 0));

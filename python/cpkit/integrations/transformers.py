@@ -25,7 +25,7 @@ import torch
 from .._api import policy_loss, shifted_cp_linear_loss, shifted_cp_loss
 from .._errors import raise_error, translate
 from .._mesh import Mesh, group_name
-from ._hf_attention import BACKENDS, NAME, attention_context, cp_attention, varlen_attn
+from ._hf_attention import BACKENDS, NAME, attention_context, cp_attention
 from ._hf_batch import shard_batch
 
 try:
@@ -66,10 +66,10 @@ def apply(model, mesh: Mesh, *, loss: str = "fused", attention: str = "auto",
 
     ``loss``: "fused" (``shifted_cp_linear_loss``, ``chunk_rows`` as there) or "logits".
     ``attention``: "cpkit" (cpkit.cp_attention: only the keys each rank needs move;
-    sliding windows, sinks and soft-capped attention logits; CPU and CUDA, float32 and
-    bfloat16, torch's flash kernels where they apply), "varlen" (all keys gathered, torch's
-    varlen kernel from the shard's offsets: CUDA, half precision, packed documents) or "auto"
-    (cpkit, except varlen for float16 models where it can run). Soft-capped final logits
+    sliding windows, sinks and soft-capped attention logits; CPU and CUDA, float32, bfloat16
+    and float16, torch's flash kernels where they apply; what "auto" picks) or "varlen" (all
+    keys gathered, torch's varlen kernel from the shard's offsets: CUDA, half precision,
+    packed documents). Soft-capped final logits
     (``final_logit_softcapping``) pass to the loss; sliding-window layers are masked exactly.
     """
     _check_model(model)
@@ -85,15 +85,13 @@ def apply(model, mesh: Mesh, *, loss: str = "fused", attention: str = "auto",
     return model
 
 
-def _backend(settings, shard: dict, hidden_dtype: torch.dtype, device: torch.device) -> str:
+def _backend(settings, shard: dict) -> str:
     if settings.attention != "auto":
         if settings.attention == "varlen" and not shard["packed"]:
             raise_error("attention", "\"varlen\" needs packed documents (seq_lens or "
                         "position-id packing)")
         return settings.attention
-    runs = (varlen_attn is not None and device.type == "cuda" and shard["packed"]
-            and hidden_dtype == torch.float16)  # cp_attention takes float32 and bfloat16
-    return "varlen" if runs else "cpkit"
+    return "cpkit"
 
 
 def _head_weight(head) -> torch.Tensor:
@@ -120,9 +118,7 @@ def _forward(self, input_ids=None, position_ids=None, labels=None, cpkit_shard=N
                     "the model: the shard's mask is exact across ranks")
     if cpkit_shard["group"] != group_name(settings.mesh):
         raise_error("cpkit_shard", "was cut for another CP group than the model's mesh")
-    embed_dtype = self.get_input_embeddings().weight.dtype
-    device = (input_ids if input_ids is not None else inputs_embeds).device
-    backend = _backend(settings, cpkit_shard, embed_dtype, device)
+    backend = _backend(settings, cpkit_shard)
     context = attention_context(cpkit_shard, settings.mesh, backend)
     hidden = self.base_model(input_ids=input_ids, inputs_embeds=inputs_embeds,
                              position_ids=position_ids, use_cache=False,

@@ -25,11 +25,11 @@ struct CpAttentionOutput {
   at::Tensor lse;  // [rows, Hq, L] float32; -inf where a query sees nothing (and no sink)
 };
 
-// q [rows, L, Hq, D], k and v [rows, L, Hkv, D] (Hq a multiple of Hkv; float32 or bfloat16,
-// one dtype, CPU for now): this rank's shard in local order. `plan` is attention_plan(sharder,
-// microbatch, mesh's rank, window) of the same shard. Differentiable in q, k, v and sinks
-// (d sinks is this rank's term). Raises naming the argument on bad input; ranks whose shapes,
-// options or plans disagree raise together.
+// q [rows, L, Hq, D], k and v [rows, L, Hkv, D] (Hq a multiple of Hkv; float32, bfloat16 or
+// float16, one dtype; CPU or CUDA): this rank's shard in local order. `plan` is
+// attention_plan(sharder, microbatch, mesh's rank, window) of the same shard. Differentiable in q,
+// k, v and sinks (d sinks is this rank's term). Raises naming the argument on bad input; ranks
+// whose shapes, options or plans disagree raise together.
 CpAttentionOutput cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const std::shared_ptr<const AttentionPlan>& plan,
                                const MeshPtr& mesh, const CpAttentionOptions& options = {});
