@@ -9,14 +9,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import cpkit
-from cp_support import IGNORE, cp_group, mean_over_ranks, single_device_loss, truth_labels
+from cp_support import (IGNORE, cp_group, mean_over_ranks, shard_for_check, single_device_loss,
+                        truth_labels)
 
 
 def check_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab: int, seed: int,
                softcap: float = 0.0, layout_kind: str = "contiguous") -> None:
-    prepare = cpkit.prepare_packed_cp_inputs if packed else cpkit.prepare_cp_inputs
-    chunks = batch["labels"].shape[0] if packed else 1
-    sharder = prepare(batch, chunks, mesh=mesh, layout=layout_kind)
+    sharder = shard_for_check(batch, packed, mesh, layout_kind)
     for m in range(sharder.num_microbatches):
         layout = sharder.layout(m)
         local = sharder.local(m)
@@ -45,9 +44,7 @@ def check_linear_loss(batch: dict, packed: bool, mesh, rank: int, cp: int, vocab
                       layout_kind: str = "contiguous") -> None:
     """The fused LM head against plain PyTorch: the head's matmul, then the loss on the whole
     microbatch; d weight summed over ranks (as FSDP's reduce does) / CP = the truth's."""
-    prepare = cpkit.prepare_packed_cp_inputs if packed else cpkit.prepare_cp_inputs
-    chunks = batch["labels"].shape[0] if packed else 1
-    sharder = prepare(batch, chunks, mesh=mesh, layout=layout_kind)
+    sharder = shard_for_check(batch, packed, mesh, layout_kind)
     hidden_size = 12
     weight = torch.randn(vocab, hidden_size, generator=torch.Generator().manual_seed(seed)) * 0.8
     for m in range(sharder.num_microbatches):
@@ -84,9 +81,7 @@ def check_token_logprobs(batch: dict, packed: bool, mesh, rank: int, cp: int, vo
     """token_logprobs against F.log_softmax in fp64 on the unsharded microbatch (values in
     global order through restore_order), and a GRPO-style clipped-ratio loss built from them:
     its gradients, summed over ranks, are the single-device ones."""
-    prepare = cpkit.prepare_packed_cp_inputs if packed else cpkit.prepare_cp_inputs
-    chunks = batch["labels"].shape[0] if packed else 1
-    sharder = prepare(batch, chunks, mesh=mesh, layout=layout_kind)
+    sharder = shard_for_check(batch, packed, mesh, layout_kind)
     hidden_size = 12
     weight = torch.randn(vocab, hidden_size, generator=torch.Generator().manual_seed(seed)) * 1.5
     for m in range(sharder.num_microbatches):

@@ -8,7 +8,7 @@ import torch
 
 import cpkit
 from attention_truth import attention
-from cp_support import cp_group
+from cp_support import cp_group, shard_for_check
 from cpkit._mesh import group_name as _group_name
 from test_offsets import masked, varlen
 from test_opcheck import opcheck_shard
@@ -134,10 +134,8 @@ def check_layout_streams(batch: dict, packed: bool, mesh, rank: int, cp: int,
     """Another layout than contiguous: restore_order puts every stream back in global order
     (= the unsharded layout); its gradient reaches each rank's own tokens from every rank;
     the in-forward cut equals the eager shard and its gradient lands on the rank's tokens."""
-    prepare = cpkit.prepare_packed_cp_inputs if packed else cpkit.prepare_cp_inputs
-    chunks = batch["labels"].shape[0] if packed else 1
-    sharder = prepare(batch, chunks, mesh=mesh, layout=layout_kind)
-    whole = prepare(batch, chunks, mesh=None)
+    sharder = shard_for_check(batch, packed, mesh, layout_kind)
+    whole = shard_for_check(batch, packed, None)
     for m in range(sharder.num_microbatches):
         local, full, plan = sharder.local(m), whole.local(m), sharder.local(m)["layout"]
         T = sharder.layout(m)["seq_len"]
@@ -155,8 +153,8 @@ def check_layout_streams(batch: dict, packed: bool, mesh, rank: int, cp: int,
     embeds = torch.randn(rows, batch["labels"].shape[1], 4,
                          generator=torch.Generator().manual_seed(5))
     with_embeds = {**batch, "input_ids": None, "inputs_embeds": embeds}
-    eager = prepare(with_embeds, chunks, mesh=mesh, layout=layout_kind)
-    lazy = prepare(with_embeds, chunks, False, mesh=mesh, layout=layout_kind)
+    eager = shard_for_check(with_embeds, packed, mesh, layout_kind)
+    lazy = shard_for_check(with_embeds, packed, mesh, layout_kind, shard_primary=False)
     for m in range(lazy.num_microbatches):
         spliced = lazy.global_primary(m).clone().requires_grad_(True)
         cut = lazy.cut_spliced(m, spliced)
@@ -182,9 +180,8 @@ def check_cp_attention(batch: dict, mesh, rank: int, cp: int, layout_kind: str,
     row in torch (attention_truth.py, double): this rank's outputs and the gradients of its
     own q, k, v (key gradients summed over every rank's queries) and of the sinks (this
     rank's term, summed over the ranks here)."""
-    chunks = batch["labels"].shape[0]
-    sharder = cpkit.prepare_packed_cp_inputs(batch, chunks, mesh=mesh, layout=layout_kind)
-    whole = cpkit.prepare_packed_cp_inputs(batch, chunks, mesh=None)
+    sharder = shard_for_check(batch, True, mesh, layout_kind)
+    whole = shard_for_check(batch, True, None)
     for m in range(sharder.num_microbatches):
         T = sharder.layout(m)["padded_len"]
         meta = {key: torch.nn.functional.pad(whole.local(m)[key][0], (0, T - whole.layout(m)["padded_len"]),

@@ -1,5 +1,5 @@
 """What the torchrun checks (cp_checks_*.py, run by cp_worker.py) share: the single-device
-truth of the shifted loss and the CP group of a mesh."""
+truth of the shifted loss, the CP group of a mesh and a check's batch cut for this rank."""
 
 from __future__ import annotations
 
@@ -7,7 +7,18 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import cpkit
+
 IGNORE = -100
+
+
+def shard_for_check(batch: dict, packed: bool, mesh, layout_kind: str = "contiguous",
+                    shard_primary: bool = True):
+    """A check's batch cut for this rank: packed rows one microbatch each, BSHD rows one
+    microbatch; ``mesh`` None: the whole batch on one process."""
+    prepare = cpkit.prepare_packed_cp_inputs if packed else cpkit.prepare_cp_inputs
+    chunks = batch["labels"].shape[0] if packed else 1
+    return prepare(batch, chunks, shard_primary, mesh=mesh, layout=layout_kind)
 
 
 def single_device_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
