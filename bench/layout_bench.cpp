@@ -68,15 +68,6 @@ cpkit::LayoutPlan plan(LayoutKind kind, const std::vector<int64_t>& docs, int cp
                                        : cpkit::plan_layout(kind, T, cp);
 }
 
-double ratio(const std::vector<double>& work) {
-  double most = 0, sum = 0;
-  for (const double w : work) {
-    most = std::max(most, w);
-    sum += w;
-  }
-  return most / (sum / static_cast<double>(work.size()));
-}
-
 void run(benchmark::State& state, LayoutKind kind) {
   const auto rows = rows_of(state.range(0));
   const int cp = static_cast<int>(state.range(1));
@@ -91,8 +82,8 @@ void run(benchmark::State& state, LayoutKind kind) {
   for (const auto& docs : rows) {
     const cpkit::LayoutPlan p = plan(kind, docs, cp, slack);
     const std::vector<int64_t> attention = cpkit::bench::attention_docs(docs, p);
-    const double r = ratio(cpkit::layout_work(p, attention));
-    const double t = ratio(cpkit::layout_work(p, attention, 128));
+    const double r = cpkit::bench::max_over_mean(cpkit::layout_work(p, attention));
+    const double t = cpkit::bench::max_over_mean(cpkit::layout_work(p, attention, 128));
     mean += r;
     worst = std::max(worst, r);
     tile_mean += t;

@@ -1,5 +1,6 @@
-// What a planned packed row costs in keys (bench helpers): its attention documents and, per
-// rank, the keys its queries need from other ranks (spec 4b without a window).
+// What planned packed rows cost (bench helpers): the largest cost over the mean, a row's
+// attention documents and, per rank, the keys its queries need from other ranks (spec 4b
+// without a window).
 #pragma once
 
 #include <algorithm>
@@ -9,6 +10,16 @@
 #include "cpkit/optimized/layout.hpp"
 
 namespace cpkit::bench {
+
+// The largest of per-rank (or per-row) costs over their mean.
+inline double max_over_mean(const std::vector<double>& costs) {
+  double most = 0, sum = 0;
+  for (const double c : costs) {
+    most = std::max(most, c);
+    sum += c;
+  }
+  return most / (sum / static_cast<double>(costs.size()));
+}
 
 // The attention documents of a planned row: its documents, then any padding tail.
 inline std::vector<int64_t> attention_docs(std::vector<int64_t> docs, const cpkit::LayoutPlan& p) {

@@ -1,6 +1,6 @@
 // pack_documents (docs/spec.md section 2c) against what a data loader does today: the
-// documents of a step in arrival order, each row filled until the next document does not fit
-// (first fit). Each step: lognormal documents (median ~1000, sigma 1.2, cut at T) filling 90 %
+// documents of a step in arrival order, each to the first row with room for it (first
+// fit). Each step: lognormal documents (median ~1000, sigma 1.2, cut at T) filling 90 %
 // of `rows` rows of T = 16384 tokens (DP ranks x microbatches), each row padded to T and
 // planned `balanced` over CP ranks. Counters, over 50 steps: the step's slowest (row, CP rank)
 // work over the mean of all of them (what every rank waits for at the step's collectives;
@@ -39,9 +39,8 @@ std::vector<std::vector<int64_t>> steps_of(int64_t rows) {
   return steps;
 }
 
-// First fit in arrival order: the current row while the document fits, else the first row
-// with room (a document no row holds is dropped, which first fit can need and the packer
-// never did on these steps).
+// First fit in arrival order: each document to the first row with room (a document no row
+// holds is dropped, which first fit can need and the packer never did on these steps).
 std::vector<int64_t> first_fit(const std::vector<int64_t>& docs, int64_t rows) {
   std::vector<int64_t> used(static_cast<std::size_t>(rows), 0), row_of;
   for (const int64_t n : docs) {
@@ -51,11 +50,6 @@ std::vector<int64_t> first_fit(const std::vector<int64_t>& docs, int64_t rows) {
     if (r < rows) used[static_cast<std::size_t>(r)] += n;
   }
   return row_of;
-}
-
-double max_over_mean(const std::vector<double>& v) {
-  const double sum = std::accumulate(v.begin(), v.end(), 0.0);
-  return *std::max_element(v.begin(), v.end()) / (sum / static_cast<double>(v.size()));
 }
 
 void BM_Pack_Step(benchmark::State& state) {
@@ -94,14 +88,14 @@ void BM_Pack_Step(benchmark::State& state) {
       for (const double k : cpkit::bench::needed_keys(plan, attention))
         needed += k / all_gather / static_cast<double>(rows * cp);
     }
-    ranks += max_over_mean(rank_work);
+    ranks += cpkit::bench::max_over_mean(rank_work);
     // No packing beats the largest document's work on one row.
     const double largest =
         static_cast<double>(cpkit::document_work(*std::max_element(docs.begin(), docs.end())));
     bound += largest / (std::accumulate(whole_rows.begin(), whole_rows.end(), 0.0) /
                         static_cast<double>(rows));
-    row_work += max_over_mean(whole_rows);
-    tiles += max_over_mean(rank_tiles);
+    row_work += cpkit::bench::max_over_mean(whole_rows);
+    tiles += cpkit::bench::max_over_mean(rank_tiles);
   }
   const auto n = static_cast<double>(steps.size());
   state.counters["rank_work_max_over_mean"] = ranks / n;
