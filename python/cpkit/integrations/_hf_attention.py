@@ -1,9 +1,9 @@
 """The attention function cpkit registers with transformers' AttentionInterface. Backend
 "cpkit": cpkit.cp_attention (docs/spec.md section 4b), which moves only the keys each rank's
 queries need, with sliding windows, attention sinks and soft-capped logits, on CPU and CUDA.
-Backend "varlen" (float16 models, which cp_attention does not take): the shard's queries
-against the keys and values of the whole sequence (cpkit.gather_tokens along the token axis
-of HF's [B, H, S, D]) through torch's varlen kernel and the shard's offsets."""
+Backend "varlen" (only when asked for by name): the shard's queries against the keys and
+values of the whole sequence (cpkit.gather_tokens along the token axis of HF's [B, H, S, D])
+through torch's varlen kernel and the shard's offsets."""
 
 from __future__ import annotations
 
